@@ -1,0 +1,193 @@
+"""Topologies, gossip matrices and spectral quantities.
+
+Nodes are always the integers ``0..n-1``. Gossip matrices are dense float64 numpy arrays built
+from the graph alone, so every peer (which knows the public graph) derives the same row it uses
+and the auditor derives the same matrix it replays.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+
+GRAPH_KINDS = (
+    "ring",
+    "path",
+    "complete",
+    "star",
+    "grid",
+    "hypercube",
+    "erdos_renyi",
+    "geometric",
+    "edgelist",
+)
+WEIGHT_SCHEMES = ("metropolis", "max-degree")
+
+
+class GraphError(ValueError):
+    pass
+
+
+def _relabel(g: nx.Graph) -> nx.Graph:
+    """Relabel nodes to 0..n-1 in sorted order of their original labels."""
+    mapping = {node: i for i, node in enumerate(sorted(g.nodes()))}
+    out = nx.Graph()
+    out.add_nodes_from(range(len(mapping)))
+    out.add_edges_from((mapping[a], mapping[b]) for a, b in g.edges() if a != b)
+    return out
+
+
+def build_graph(
+    kind: str,
+    *,
+    nodes: int | None = None,
+    dim: int | None = None,
+    rows: int | None = None,
+    cols: int | None = None,
+    p: float | None = None,
+    radius: float | None = None,
+    path: str | Path | None = None,
+    seed: int = 0,
+    max_tries: int = 200,
+) -> nx.Graph:
+    """Build a connected undirected graph on nodes 0..n-1."""
+    if kind == "ring":
+        g = nx.cycle_graph(nodes)
+    elif kind == "path":
+        g = nx.path_graph(nodes)
+    elif kind == "complete":
+        g = nx.complete_graph(nodes)
+    elif kind == "star":
+        g = nx.star_graph(nodes - 1)
+    elif kind == "grid":
+        g = _relabel(nx.grid_2d_graph(rows, cols))
+    elif kind == "hypercube":
+        g = _relabel(nx.hypercube_graph(dim))
+    elif kind in ("erdos_renyi", "geometric"):
+        rng = np.random.default_rng(np.random.SeedSequence([seed, 0x6E7]))
+        for _ in range(max_tries):
+            s = int(rng.integers(2**63))
+            if kind == "erdos_renyi":
+                g = nx.gnp_random_graph(nodes, p, seed=s)
+            else:
+                g = nx.random_geometric_graph(nodes, radius, seed=s)
+            if nx.is_connected(g):
+                break
+        else:
+            raise GraphError(
+                f"{kind} graph with nodes={nodes} and "
+                f"{'p=' + str(p) if kind == 'erdos_renyi' else 'radius=' + str(radius)} "
+                f"was not connected in {max_tries} draws; increase "
+                f"{'p' if kind == 'erdos_renyi' else 'radius'}"
+            )
+        g = _relabel(g)
+    elif kind == "edgelist":
+        g = read_edgelist(path)
+    else:
+        raise GraphError(f"unknown graph kind {kind!r}; expected one of {', '.join(GRAPH_KINDS)}")
+    g = _relabel(g) if kind != "edgelist" else g
+    if g.number_of_nodes() < 2:
+        raise GraphError("a graph needs at least 2 nodes")
+    if not nx.is_connected(g):
+        raise GraphError(f"the {kind} graph is not connected")
+    return g
+
+
+def read_edgelist(path: str | Path) -> nx.Graph:
+    """Read ``u v`` pairs (one per line, ``#`` comments) of non-negative integer node ids."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise GraphError(f"cannot read edge list {p}: {exc.strerror}") from None
+    g = nx.Graph()
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.replace(",", " ").split()
+        if len(parts) != 2:
+            raise GraphError(f"{p}:{lineno}: expected two node ids, got {raw!r}")
+        try:
+            a, b = int(parts[0]), int(parts[1])
+        except ValueError:
+            raise GraphError(f"{p}:{lineno}: node ids must be integers, got {raw!r}") from None
+        if a < 0 or b < 0:
+            raise GraphError(f"{p}:{lineno}: node ids must be non-negative")
+        if a == b:
+            raise GraphError(f"{p}:{lineno}: self-loop on node {a}")
+        g.add_edge(a, b)
+    if g.number_of_nodes() == 0:
+        raise GraphError(f"{p}: no edges")
+    ids = sorted(g.nodes())
+    if ids != list(range(len(ids))):
+        missing = sorted(set(range(max(ids) + 1)) - set(ids))[:5]
+        raise GraphError(f"{p}: node ids must be 0..n-1 without gaps (missing e.g. {missing})")
+    out = nx.Graph()
+    out.add_nodes_from(range(len(ids)))
+    out.add_edges_from(g.edges())
+    return out
+
+
+def gossip_matrix(g: nx.Graph, weights: str = "metropolis") -> np.ndarray:
+    """Symmetric doubly stochastic gossip matrix supported on ``g``.
+
+    ``metropolis``: W_uv = 1/(1 + max(d_u, d_v)) on edges (the weights the papers' experiments
+    really used, there called "Hamilton"); ``max-degree``: W_uv = 1/(1 + d_max). The diagonal
+    takes the rest of each row.
+    """
+    n = g.number_of_nodes()
+    deg = np.array([g.degree(v) for v in range(n)], dtype=np.int64)
+    w = np.zeros((n, n), dtype=np.float64)
+    dmax = int(deg.max())
+    for a, b in g.edges():
+        if weights == "metropolis":
+            val = 1.0 / (1 + max(deg[a], deg[b]))
+        elif weights == "max-degree":
+            val = 1.0 / (1 + dmax)
+        else:
+            raise GraphError(f"unknown weights {weights!r}; expected one of {WEIGHT_SCHEMES}")
+        w[a, b] = w[b, a] = val
+    # Diagonal: 1 - sum of the off-diagonal entries, summed in node order (as each peer does).
+    for v in range(n):
+        w[v, v] = 1.0 - math.fsum(w[v, u] for u in range(n) if u != v)
+    return w
+
+
+def spectral_gap(w: np.ndarray) -> float:
+    """lambda_W = min over eigenvalues lambda != 1 of (1 - |lambda|) (Definition 2)."""
+    ev = np.linalg.eigvalsh(w)
+    ev = np.sort(ev)
+    # Drop one eigenvalue 1 (the consensus direction); the graph is connected so it is simple.
+    rest = ev[:-1]
+    return float(np.min(1.0 - np.abs(rest)))
+
+
+def chebyshev_gamma(lam: float) -> float:
+    """Optimal re-scaled Chebyshev parameter of Algorithm 1 (gamma in [1, 2))."""
+    c = 1.0 - lam / 2.0
+    return 2.0 / (1.0 + math.sqrt(max(0.0, 1.0 - c * c)))
+
+
+def auto_steps(lam: float, n: int, sigma: float, spread: float, dim: int, accelerated: bool) -> int:
+    """T^stop of Theorems 2/7: precision 3 D sigma^2 / n.
+
+    T = rate^{-1} ln( n/(D sigma^2) * max(D sigma^2, spread) ), rate = sqrt(lambda_W) with
+    Chebyshev acceleration, lambda_W without. ``spread`` is a public bound on
+    (1/n) sum_v ||x_v - xbar||^2.
+    """
+    d_sigma2 = dim * sigma * sigma
+    arg = (n / d_sigma2) * max(d_sigma2, spread)
+    rate = math.sqrt(lam) if accelerated else lam
+    return max(1, math.ceil(math.log(max(arg, math.e)) / rate))
+
+
+def distances_from(g: nx.Graph, source: int) -> np.ndarray:
+    n = g.number_of_nodes()
+    out = np.full(n, -1, dtype=np.int64)
+    for v, d in nx.single_source_shortest_path_length(g, source).items():
+        out[v] = d
+    return out
