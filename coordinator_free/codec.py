@@ -87,7 +87,6 @@ def unpack(data: bytes, *, max_size: int | None = None):
             ext_hook=_ext_hook,
             strict_map_key=True,
             use_list=True,
-            max_buffer_size=len(data) + 1,
         )
     except CodecError:
         raise
