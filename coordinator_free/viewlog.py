@@ -1,0 +1,614 @@
+"""View log: the append-only record of what one node observed, and its reader.
+
+Every node writes one view log. It holds exactly what the node saw and sent, plus the public
+parameters of the run, and never its secrets (private keys, pair seeds, its own noise). The
+offline auditor replays it, so the format favours being able to tell precisely what survived a
+crash over everything else.
+
+File layout
+-----------
+::
+
+    magic     8 bytes   b"CFVLOG1\\n"
+    record*   4 bytes   payload length, unsigned big-endian (at most MAX_RECORD_BYTES)
+              4 bytes   CRC-32 (zlib.crc32) of the payload, unsigned big-endian
+              n bytes   payload = codec.pack(dict)
+
+The first record is the header::
+
+    {"k": "header", "format": "cfree-viewlog", "version": 1, "run_id": str, "node": int,
+     "params": {...}, "t_mono": float, "t_wall": float}
+
+and every later record is::
+
+    {"k": kind, "seq": int, "t_mono": time.monotonic(), "t_wall": time.time(), **fields}
+
+with ``seq`` counting 0, 1, 2, ... across the whole file. A writer that resumes an existing log
+(``append=True``) writes a ``"resume"`` record and carries on the same sequence.
+
+Each record goes to the operating system in one ``write`` as soon as it is made, so a crash of
+the node loses at most the record being written. The reader reports such a torn tail (its
+offset and size) and returns every record before it. A checksum mismatch means the length
+fields after it can no longer be trusted, so reading stops there, with the offset named. A
+record whose checksum matches but whose payload does not decode is reported and skipped: its
+frame is intact, so the records after it are still trustworthy.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .codec import CodecError, pack, unpack
+
+try:  # POSIX advisory locks keep two processes from writing one log.
+    import fcntl
+except ImportError:  # pragma: no cover - non-POSIX
+    fcntl = None  # type: ignore[assignment]
+
+MAGIC = b"CFVLOG1\n"
+FORMAT = "cfree-viewlog"
+VERSION = 1
+MAX_RECORD_BYTES = 256 * 1024 * 1024
+FRAME = struct.Struct(">II")
+
+#: Field names that must never appear in a view log, at any nesting depth (case-insensitive).
+FORBIDDEN_FIELDS = frozenset(
+    {
+        "private_key",
+        "secret",
+        "seed_secret",
+        "noise",
+        "own_noise",
+        "key",
+        "pair_seed",
+        "pair_key",
+        "shared_secret",
+        "password",
+    }
+)
+#: Field names the writer fills in itself.
+RESERVED_FIELDS = frozenset({"k", "seq", "t_mono", "t_wall"})
+#: Record kinds the writer emits itself.
+RESERVED_KINDS = frozenset({"header", "resume"})
+
+
+class ViewLogError(ValueError):
+    """A view log cannot be opened for writing as asked (wrong file, locked, damaged)."""
+
+
+@dataclass(frozen=True)
+class LogProblem:
+    """Something wrong found while reading a view log, at byte ``offset`` of the file.
+
+    ``kind`` is one of ``"torn-tail"``, ``"bad-checksum"``, ``"bad-record"``, ``"bad-magic"``,
+    ``"missing-header"``, ``"bad-header"``, ``"seq-gap"``, ``"seq-duplicate"``.
+    """
+
+    offset: int
+    kind: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"offset {self.offset}: {self.kind}: {self.message}"
+
+
+@dataclass
+class ViewLog:
+    """Everything readable from one view log file.
+
+    ``records`` excludes the header; ``offsets[i]`` is the byte offset of ``records[i]``.
+    ``valid_end`` is the offset just past the last record whose frame was intact.
+    """
+
+    path: Path
+    header: dict | None
+    records: list[dict]
+    problems: list[LogProblem]
+    offsets: list[int] = field(default_factory=list)
+    size: int = 0
+    valid_end: int = 0
+
+    @property
+    def intact(self) -> bool:
+        return not self.problems
+
+    def of_kind(self, kind: str) -> list[dict]:
+        """The records whose ``"k"`` is ``kind``, in file order."""
+        return [r for r in self.records if r.get("k") == kind]
+
+
+# --------------------------------------------------------------------------------------------
+# Reading
+
+
+def iter_records(
+    path: str | os.PathLike, problems: list[LogProblem] | None = None
+) -> Iterator[tuple[int, dict]]:
+    """Yield ``(offset, record)`` for every decodable record, the header included.
+
+    This checks framing only (magic, lengths, checksums, decoding); :func:`read_viewlog` adds
+    the header and sequence checks. With ``problems`` given, problems are appended to it and
+    reading goes on where it safely can. Without it, the first problem raises
+    :class:`ViewLogError`. A missing file raises :class:`FileNotFoundError`.
+    """
+    scan = _Scan(path, problems)
+    for offset, _end, record in scan:
+        yield offset, record
+
+
+class _Scan:
+    """One pass over a view log's frames; remembers where the intact frames end."""
+
+    def __init__(self, path: str | os.PathLike, problems: list[LogProblem] | None) -> None:
+        self.path = path
+        self.problems = problems
+        self.size = 0
+        self.valid_end = 0
+
+    def _report(self, offset: int, kind: str, message: str) -> None:
+        problem = LogProblem(offset, kind, message)
+        if self.problems is None:
+            raise ViewLogError(f"view log {os.fspath(self.path)}: {problem}")
+        self.problems.append(problem)
+
+    def __iter__(self) -> Iterator[tuple[int, int, dict]]:
+        report = self._report
+        with open(self.path, "rb") as f:
+            size = self.size = os.fstat(f.fileno()).st_size
+            magic = f.read(len(MAGIC))
+            if magic != MAGIC:
+                if len(magic) < len(MAGIC) and MAGIC.startswith(magic):
+                    if magic:
+                        report(
+                            0,
+                            "torn-tail",
+                            f"file ends inside the magic ({len(magic)} of {len(MAGIC)} bytes)",
+                        )
+                    return
+                if magic[:6] == MAGIC[:6]:
+                    report(0, "bad-magic", f"unsupported view log version (magic {magic!r})")
+                else:
+                    report(0, "bad-magic", f"not a view log (starts with {magic[:16]!r})")
+                return
+            offset = self.valid_end = len(MAGIC)
+            while offset < size:
+                frame = f.read(FRAME.size)
+                if len(frame) < FRAME.size:
+                    report(
+                        offset,
+                        "torn-tail",
+                        f"file ends inside a record frame ({len(frame)} of {FRAME.size} "
+                        f"frame bytes present; {len(frame)} bytes after the last complete "
+                        "record)",
+                    )
+                    return
+                length, crc = FRAME.unpack(frame)
+                if length > MAX_RECORD_BYTES:
+                    report(
+                        offset,
+                        "bad-record",
+                        f"record length {length} exceeds the limit {MAX_RECORD_BYTES}; "
+                        "the frame is corrupt, reading stops here",
+                    )
+                    return
+                present = size - offset
+                if FRAME.size + length > present:
+                    report(
+                        offset,
+                        "torn-tail",
+                        f"record is incomplete ({present} of {FRAME.size + length} bytes "
+                        f"present; {present} bytes after the last complete record): the "
+                        "writer stopped mid-record, or the length field is corrupt",
+                    )
+                    return
+                payload = f.read(length)
+                if len(payload) != length:  # the file shrank while being read
+                    report(offset, "torn-tail", "file shrank while being read")
+                    return
+                if zlib.crc32(payload) != crc:
+                    report(
+                        offset,
+                        "bad-checksum",
+                        f"checksum mismatch in the record of {length} bytes; nothing from "
+                        "this offset on can be trusted, reading stops here",
+                    )
+                    return
+                record_offset = offset
+                offset = self.valid_end = offset + FRAME.size + length
+                try:
+                    record = unpack(payload, max_size=MAX_RECORD_BYTES)
+                except CodecError as exc:
+                    report(record_offset, "bad-record", f"undecodable record skipped: {exc}")
+                    continue
+                if not isinstance(record, dict) or not isinstance(record.get("k"), str):
+                    report(
+                        record_offset,
+                        "bad-record",
+                        "record skipped: expected a map with a string 'k', got "
+                        f"{type(record).__name__}",
+                    )
+                    continue
+                yield record_offset, offset, record
+
+
+def read_viewlog(path: str | os.PathLike) -> ViewLog:
+    """Read a whole view log. Never raises on bad content; every problem is in ``.problems``.
+
+    Raises :class:`FileNotFoundError` (naming the path) when the file does not exist.
+    """
+    path = Path(path)
+    problems: list[LogProblem] = []
+    header: dict | None = None
+    records: list[dict] = []
+    offsets: list[int] = []
+    first = True
+    expected_seq = 0
+    scan = _Scan(path, problems)
+
+    for offset, _end, record in scan:
+        kind = record["k"]
+        if first:
+            first = False
+            if kind == "header":
+                header = record
+                problems.extend(_header_problems(offset, record))
+                continue
+            problems.append(
+                LogProblem(offset, "missing-header", f"first record is {kind!r}, not a header")
+            )
+        if kind == "header":
+            problems.append(LogProblem(offset, "bad-record", "a second header record"))
+        else:
+            seq = record.get("seq")
+            if not isinstance(seq, int) or isinstance(seq, bool):
+                problems.append(
+                    LogProblem(offset, "bad-record", f"{kind!r} record has no integer 'seq'")
+                )
+            elif seq > expected_seq:
+                missing = (
+                    f"seq {expected_seq}"
+                    if seq == expected_seq + 1
+                    else f"seqs {expected_seq}..{seq - 1}"
+                )
+                problems.append(
+                    LogProblem(offset, "seq-gap", f"{missing} missing before seq {seq}")
+                )
+                expected_seq = seq + 1
+            elif seq < expected_seq:
+                problems.append(
+                    LogProblem(
+                        offset,
+                        "seq-duplicate",
+                        f"seq {seq} repeats or goes back (expected {expected_seq})",
+                    )
+                )
+            else:
+                expected_seq = seq + 1
+        records.append(record)
+        offsets.append(offset)
+
+    if first and not any(p.kind == "bad-magic" for p in problems):
+        if scan.size == 0:
+            problems.append(LogProblem(0, "missing-header", "file is empty"))
+        else:
+            problems.append(
+                LogProblem(scan.valid_end, "missing-header", "no complete record in the file")
+            )
+    problems.sort(key=lambda p: p.offset)
+    return ViewLog(
+        path=path,
+        header=header,
+        records=records,
+        problems=problems,
+        offsets=offsets,
+        size=scan.size,
+        valid_end=scan.valid_end,
+    )
+
+
+def _header_problems(offset: int, header: dict) -> list[LogProblem]:
+    problems = []
+    if header.get("format") != FORMAT:
+        problems.append(
+            LogProblem(offset, "bad-header", f"format is {header.get('format')!r}, not {FORMAT!r}")
+        )
+    if header.get("version") != VERSION:
+        problems.append(
+            LogProblem(
+                offset,
+                "bad-header",
+                f"version {header.get('version')!r} is not supported (this reader knows {VERSION})",
+            )
+        )
+    if not isinstance(header.get("run_id"), str):
+        problems.append(LogProblem(offset, "bad-header", "header has no string 'run_id'"))
+    node = header.get("node")
+    if not isinstance(node, int) or isinstance(node, bool):
+        problems.append(LogProblem(offset, "bad-header", "header has no integer 'node'"))
+    if not isinstance(header.get("params"), dict):
+        problems.append(LogProblem(offset, "bad-header", "header has no 'params' map"))
+    return problems
+
+
+# --------------------------------------------------------------------------------------------
+# Writing
+
+
+def check_fields(value: Any, where: str = "fields") -> None:
+    """Refuse secret-looking field names and non-string map keys, at any depth.
+
+    Raises :class:`ValueError` naming the path to the offending field.
+    """
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError(
+                    f"{where}: map key {key!r} is a {type(key).__name__}; view log map keys "
+                    "must be strings (convert it with str())"
+                )
+            if key.lower() in FORBIDDEN_FIELDS:
+                raise ValueError(
+                    f"{where}.{key}: field name {key!r} suggests a secret; the view log must "
+                    "never hold secrets (private keys, pair seeds, own noise)"
+                )
+            check_fields(item, f"{where}.{key}")
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            check_fields(item, f"{where}[{i}]")
+
+
+def _encode(record: dict) -> bytes:
+    try:
+        payload = pack(record)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"cannot encode {record.get('k')!r} record: {exc}") from None
+    if len(payload) > MAX_RECORD_BYTES:
+        raise ValueError(
+            f"{record.get('k')!r} record is {len(payload)} bytes, over the limit {MAX_RECORD_BYTES}"
+        )
+    return FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+class ViewLogWriter:
+    """Appends records to one node's view log.
+
+    ``ViewLogWriter(path, run_id=..., node=..., params=...)`` creates the file and writes the
+    header. It refuses an existing non-empty file (:class:`FileExistsError`) unless
+    ``append=True``, which resumes that log: the file must be a view log of the same run and
+    node; a torn final record (left by a crash) is cut off and the ``"resume"`` record notes how
+    many bytes were dropped; any other damage is refused with :class:`ViewLogError` and the file
+    is left untouched. A POSIX lock keeps a second writer off the same file.
+
+    Each record is handed to the operating system as soon as it is written; ``fsync=True`` also
+    forces the file to stable storage on :meth:`close` (and :meth:`sync` does so on demand).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        run_id: str,
+        node: int,
+        params: dict,
+        append: bool = False,
+        fsync: bool = False,
+        mode: int = 0o644,
+    ) -> None:
+        if not isinstance(run_id, str) or not run_id:
+            raise ValueError("run_id must be a non-empty string")
+        if not isinstance(node, int) or isinstance(node, bool) or node < 0:
+            raise ValueError(f"node must be a non-negative integer, got {node!r}")
+        if not isinstance(params, Mapping):
+            raise ValueError(f"params must be a dict, got {type(params).__name__}")
+        check_fields(params, "params")
+        self.path = Path(path)
+        self.run_id = run_id
+        self.node = node
+        self._fsync = fsync
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._seq = 0
+        self._size = 0
+        self._broken: str | None = None
+        header = {
+            "k": "header",
+            "format": FORMAT,
+            "version": VERSION,
+            "run_id": run_id,
+            "node": node,
+            "params": dict(params),
+            "t_mono": time.monotonic(),
+            "t_wall": time.time(),
+        }
+        header_frame = _encode(header)  # fail before touching the file
+        if append:
+            self._open_for_append(header_frame, dict(params), mode)
+        else:
+            self._create(header_frame, mode)
+
+    # -- opening ---------------------------------------------------------------------------
+
+    def _create(self, header_frame: bytes, mode: int) -> None:
+        flags = os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, mode)
+        except FileExistsError:
+            fd = os.open(self.path, flags)
+            try:
+                self._lock_file(fd)
+                size = os.fstat(fd).st_size
+                if size:
+                    raise FileExistsError(
+                        f"view log {self.path} already exists and holds {size} bytes; refusing "
+                        "to overwrite it (move it away, or resume it with append=True)"
+                    )
+            except BaseException:
+                os.close(fd)
+                raise
+        else:
+            try:
+                self._lock_file(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+        self._fd = fd
+        self._size = 0
+        try:
+            self._append_bytes(MAGIC + header_frame)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_for_append(self, header_frame: bytes, params: dict, mode: int) -> None:
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(self.path, flags, mode)
+        try:
+            self._lock_file(fd)
+            log = read_viewlog(self.path)
+            fatal = [p for p in log.problems if p.kind not in ("torn-tail", "missing-header")]
+            if fatal:
+                raise ViewLogError(
+                    f"cannot append to view log {self.path}: {fatal[0]}; the file is left as it is"
+                )
+            dropped = log.size - log.valid_end
+            if log.header is None:
+                if log.records:
+                    raise ViewLogError(
+                        f"cannot append to view log {self.path}: it has records but no header"
+                    )
+                # Nothing complete beyond (at most) the magic: start afresh.
+                os.ftruncate(fd, 0)
+                self._fd = fd
+                self._size = 0
+                self._append_bytes(MAGIC + header_frame)
+                return
+            if log.header.get("run_id") != self.run_id or log.header.get("node") != self.node:
+                raise ViewLogError(
+                    f"cannot append to view log {self.path}: it belongs to run "
+                    f"{log.header.get('run_id')!r} node {log.header.get('node')!r}, not run "
+                    f"{self.run_id!r} node {self.node}"
+                )
+            if dropped:
+                os.ftruncate(fd, log.valid_end)
+            self._fd = fd
+            self._size = log.valid_end
+            seqs = [r["seq"] for r in log.records if isinstance(r.get("seq"), int)]
+            self._seq = max(seqs) + 1 if seqs else 0
+        except BaseException:
+            self._fd = None
+            os.close(fd)
+            raise
+        self._write_record("resume", {"dropped_tail_bytes": dropped, "params": params})
+
+    def _lock_file(self, fd: int) -> None:
+        if fcntl is None:  # pragma: no cover - non-POSIX
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ViewLogError(
+                f"view log {self.path} is being written by another process"
+            ) from None
+
+    # -- writing ---------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._fd is None
+
+    @property
+    def next_seq(self) -> int:
+        """The ``seq`` the next record will get."""
+        return self._seq
+
+    def write(self, kind: str, /, **fields: Any) -> int:
+        """Append one record ``{"k": kind, "seq", "t_mono", "t_wall", **fields}``; return its seq.
+
+        Values may be numbers, strings, bytes, None, bools, numpy arrays and nested
+        dicts/lists of them. Raises :class:`ValueError` for secret-looking field names (at any
+        depth), reserved names, non-string map keys and values that cannot be encoded; nothing
+        is written then.
+        """
+        if not isinstance(kind, str) or not kind:
+            raise ValueError(f"record kind must be a non-empty string, got {kind!r}")
+        if kind in RESERVED_KINDS:
+            raise ValueError(f"record kind {kind!r} is reserved for the writer itself")
+        clash = RESERVED_FIELDS.intersection(fields)
+        if clash:
+            raise ValueError(f"field names {sorted(clash)} are filled in by the writer")
+        check_fields(fields, kind)
+        return self._write_record(kind, fields)
+
+    def _write_record(self, kind: str, fields: dict) -> int:
+        with self._lock:
+            if self._fd is None:
+                raise ValueError(f"view log {self.path} is closed")
+            if self._broken:
+                raise ViewLogError(f"view log {self.path} is unusable: {self._broken}")
+            seq = self._seq
+            record = {
+                "k": kind,
+                "seq": seq,
+                "t_mono": time.monotonic(),
+                "t_wall": time.time(),
+                **fields,
+            }
+            self._append_bytes(_encode(record))
+            self._seq = seq + 1
+            return seq
+
+    def _append_bytes(self, data: bytes) -> None:
+        """Write ``data`` at the end; on failure cut the file back so no torn record remains."""
+        assert self._fd is not None
+        start = self._size
+        view = memoryview(data)
+        try:
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+        except BaseException as exc:
+            try:
+                os.ftruncate(self._fd, start)
+            except OSError as trunc_exc:
+                self._broken = (
+                    f"a write failed ({exc}) and the partial record could not be removed "
+                    f"({trunc_exc})"
+                )
+            raise
+        self._size = start + len(data)
+
+    def sync(self) -> None:
+        """Force everything written so far to stable storage."""
+        with self._lock:
+            if self._fd is not None:
+                os.fsync(self._fd)
+
+    def close(self) -> None:
+        """Close the file (idempotent); with ``fsync=True`` sync it first."""
+        with self._lock:
+            fd, self._fd = self._fd, None
+            if fd is None:
+                return
+            try:
+                if self._fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def __enter__(self) -> ViewLogWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"next seq {self._seq}"
+        return f"<ViewLogWriter {self.path} run {self.run_id} node {self.node} {state}>"
