@@ -1,0 +1,336 @@
+"""Experiment configuration: TOML file -> validated, frozen dataclasses.
+
+The schema is a public contract, documented key by key in docs/config.md. Every error names the
+file (or override) and the key at fault. ``--set section.key=value`` overrides any key; the value
+is parsed as a TOML value (``--set graph.nodes=16``, ``--set protocol.steps='"auto"'`` or simply
+``--set protocol.steps=auto``: a bare word that is not valid TOML is taken as a string).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .graphs import GRAPH_KINDS, WEIGHT_SCHEMES
+
+PROTOCOLS = ("muffliato",)
+DEFAULT_CONFIG = Path(__file__).parent / "examples" / "muffliato-ring.toml"
+DATA_KINDS = ("uniform", "gaussian", "bernoulli")
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the source and the key."""
+
+
+@dataclass(frozen=True)
+class RunSection:
+    name: str = "muffliato-ring"
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class GraphSection:
+    kind: str = "ring"
+    nodes: int | None = 8
+    dim: int | None = None
+    rows: int | None = None
+    cols: int | None = None
+    p: float | None = None
+    radius: float | None = None
+    path: str | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ProtocolSection:
+    name: str = "muffliato"
+    weights: str = "metropolis"
+    steps: int | str = "auto"
+    accelerated: bool = True
+    spread: float = 0.25
+
+
+@dataclass(frozen=True)
+class DataSection:
+    kind: str = "uniform"
+    dim: int = 1
+    low: float = 0.0
+    high: float = 1.0
+    mean: float = 0.0
+    scale: float = 1.0
+    p: float = 0.5
+
+
+@dataclass(frozen=True)
+class PrivacySection:
+    sigma: float = 1.0
+    sensitivity: float = 1.0
+    alpha: float = 2.0
+    delta: float = 1e-5
+
+
+@dataclass(frozen=True)
+class NetworkSection:
+    host: str = "127.0.0.1"
+    base_port: int = 0
+    deadline_s: float = 10.0
+    connect_timeout_s: float = 30.0
+    max_frame_bytes: int = 64 << 20
+
+
+@dataclass(frozen=True)
+class Config:
+    run: RunSection = field(default_factory=RunSection)
+    graph: GraphSection = field(default_factory=GraphSection)
+    protocol: ProtocolSection = field(default_factory=ProtocolSection)
+    data: DataSection = field(default_factory=DataSection)
+    privacy: PrivacySection = field(default_factory=PrivacySection)
+    network: NetworkSection = field(default_factory=NetworkSection)
+    source: str = "<defaults>"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name == "source":
+                continue
+            sec = getattr(self, f.name)
+            out[f.name] = {k: v for k, v in dataclasses.asdict(sec).items() if v is not None}
+        return out
+
+    def to_toml(self) -> str:
+        lines: list[str] = []
+        for sec, values in self.to_dict().items():
+            lines.append(f"[{sec}]")
+            for k, v in values.items():
+                lines.append(f"{k} = {_toml_value(v)}")
+            lines.append("")
+        return "\n".join(lines)
+
+    def graph_n(self) -> int:
+        g = self.graph
+        if g.kind in ("ring", "path", "complete", "star", "erdos_renyi", "geometric"):
+            return int(g.nodes)
+        if g.kind == "grid":
+            return int(g.rows) * int(g.cols)
+        if g.kind == "hypercube":
+            return 2 ** int(g.dim)
+        from .graphs import read_edgelist
+
+        return read_edgelist(g.path).number_of_nodes()
+
+
+SECTIONS: dict[str, type] = {
+    "run": RunSection,
+    "graph": GraphSection,
+    "protocol": ProtocolSection,
+    "data": DataSection,
+    "privacy": PrivacySection,
+    "network": NetworkSection,
+}
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        if isinstance(v, float) and (math.isinf(v) or math.isnan(v)):
+            raise ConfigError(f"cannot write non-finite value {v}")
+        return repr(v)
+    if isinstance(v, str):
+        escaped = v.replace("\\", "\\\\").replace('"', '\\"')
+        return f'"{escaped}"'
+    raise ConfigError(f"cannot write value {v!r}")
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """Parse ``section.key=value`` into (section, key, value)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected section.key=value")
+    lhs, rhs = text.split("=", 1)
+    lhs = lhs.strip()
+    if lhs.count(".") != 1:
+        raise ConfigError(f"override {text!r}: the key must look like section.key (e.g. graph.nodes)")
+    section, key = lhs.split(".")
+    rhs = rhs.strip()
+    try:
+        value = tomllib.loads(f"v = {rhs}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = rhs
+    return section, key, value
+
+
+def _check_type(where: str, key: str, value: Any, ftype: Any) -> Any:
+    t = str(ftype)
+    allowed: list[type] = []
+    if "bool" in t:
+        allowed.append(bool)
+    if "int" in t:
+        allowed.append(int)
+    if "float" in t:
+        allowed.append(float)
+        allowed.append(int)
+    if "str" in t:
+        allowed.append(str)
+    if value is None and "None" in t:
+        return None
+    ok = any(
+        isinstance(value, a) and not (a is int and isinstance(value, bool) and bool not in allowed)
+        for a in allowed
+    )
+    if isinstance(value, bool) and bool not in allowed:
+        ok = False
+    if not ok:
+        names = sorted({a.__name__ for a in allowed})
+        raise ConfigError(
+            f"{where}: {key} must be {' or '.join(names)}, got {type(value).__name__} {value!r}"
+        )
+    if "float" in t and "int" not in t and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def from_dict(data: dict[str, Any], *, source: str = "<dict>") -> Config:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a table of sections")
+    sections: dict[str, Any] = {}
+    for name, sec_data in data.items():
+        if name not in SECTIONS:
+            raise ConfigError(
+                f"{source}: unknown section [{name}]; known sections: {', '.join(SECTIONS)}"
+            )
+        if not isinstance(sec_data, dict):
+            raise ConfigError(f"{source}: [{name}] must be a table")
+        cls = SECTIONS[name]
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs = {}
+        for key, value in sec_data.items():
+            if key not in fields:
+                raise ConfigError(
+                    f"{source}: unknown key {name}.{key}; [{name}] accepts: {', '.join(fields)}"
+                )
+            kwargs[key] = _check_type(f"{source}", f"{name}.{key}", value, fields[key].type)
+        sections[name] = cls(**kwargs)
+    cfg = Config(**sections, source=source)
+    validate(cfg)
+    return cfg
+
+
+def load(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load a TOML config (None: the built-in default) and apply ``--set`` overrides."""
+    if path is None:
+        path = DEFAULT_CONFIG
+        source = "<built-in default>"
+    else:
+        source = str(path)
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {p} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: invalid TOML: {exc}") from None
+    data = copy.deepcopy(data)
+    for ov in overrides:
+        section, key, value = parse_override(ov)
+        data.setdefault(section, {})
+        if not isinstance(data[section], dict):
+            raise ConfigError(f"override {ov!r}: [{section}] is not a table")
+        data[section][key] = value
+    if overrides:
+        source = f"{source} (with --set {' '.join(overrides)})"
+    # An edgelist path is relative to the config file.
+    g = data.get("graph")
+    if isinstance(g, dict) and isinstance(g.get("path"), str):
+        gp = Path(g["path"])
+        if not gp.is_absolute():
+            g["path"] = str((Path(path).parent / gp).resolve())
+    return from_dict(data, source=source)
+
+
+def _positive_int(source: str, key: str, v: Any, minimum: int = 1) -> None:
+    if v is None or v < minimum:
+        raise ConfigError(f"{source}: {key} must be an integer >= {minimum}, got {v!r}")
+
+
+def validate(cfg: Config) -> None:
+    s = cfg.source
+    g = cfg.graph
+    if g.kind not in GRAPH_KINDS:
+        raise ConfigError(f"{s}: graph.kind {g.kind!r} unknown; choose one of {', '.join(GRAPH_KINDS)}")
+    if g.kind in ("ring", "path", "complete", "star", "erdos_renyi", "geometric"):
+        _positive_int(s, "graph.nodes", g.nodes, 3 if g.kind == "ring" else 2)
+    if g.kind == "grid":
+        _positive_int(s, "graph.rows", g.rows)
+        _positive_int(s, "graph.cols", g.cols)
+        if g.rows * g.cols < 2:
+            raise ConfigError(f"{s}: a grid needs rows*cols >= 2")
+    if g.kind == "hypercube":
+        _positive_int(s, "graph.dim", g.dim)
+        if g.dim > 16:
+            raise ConfigError(f"{s}: graph.dim {g.dim} is too large (2^dim nodes; at most 16)")
+    if g.kind == "erdos_renyi" and (g.p is None or not 0 < g.p <= 1):
+        raise ConfigError(f"{s}: graph.p must be in (0, 1] for erdos_renyi, got {g.p!r}")
+    if g.kind == "geometric" and (g.radius is None or not g.radius > 0):
+        raise ConfigError(f"{s}: graph.radius must be > 0 for geometric, got {g.radius!r}")
+    if g.kind == "edgelist":
+        if not g.path:
+            raise ConfigError(f"{s}: graph.path is required for kind = \"edgelist\"")
+        if not Path(g.path).is_file():
+            raise ConfigError(f"{s}: graph.path {g.path} is not a file")
+    pr = cfg.protocol
+    if pr.name not in PROTOCOLS:
+        raise ConfigError(f"{s}: protocol.name {pr.name!r} unknown; choose one of {', '.join(PROTOCOLS)}")
+    if pr.weights not in WEIGHT_SCHEMES:
+        raise ConfigError(
+            f"{s}: protocol.weights {pr.weights!r} unknown; choose one of {', '.join(WEIGHT_SCHEMES)}"
+        )
+    if isinstance(pr.steps, str):
+        if pr.steps != "auto":
+            raise ConfigError(f"{s}: protocol.steps must be a positive integer or \"auto\", got {pr.steps!r}")
+    elif pr.steps < 1 or pr.steps > 100_000:
+        raise ConfigError(f"{s}: protocol.steps must be in 1..100000, got {pr.steps}")
+    if not pr.spread >= 0:
+        raise ConfigError(f"{s}: protocol.spread must be >= 0")
+    d = cfg.data
+    if d.kind not in DATA_KINDS:
+        raise ConfigError(f"{s}: data.kind {d.kind!r} unknown; choose one of {', '.join(DATA_KINDS)}")
+    _positive_int(s, "data.dim", d.dim)
+    if d.dim > 10_000_000:
+        raise ConfigError(f"{s}: data.dim {d.dim} is too large")
+    if d.kind == "uniform" and not d.low < d.high:
+        raise ConfigError(f"{s}: data.low must be < data.high")
+    if d.kind == "gaussian" and not d.scale >= 0:
+        raise ConfigError(f"{s}: data.scale must be >= 0")
+    if d.kind == "bernoulli" and not 0 <= d.p <= 1:
+        raise ConfigError(f"{s}: data.p must be in [0, 1]")
+    pv = cfg.privacy
+    if not (pv.sigma > 0 and math.isfinite(pv.sigma)):
+        raise ConfigError(f"{s}: privacy.sigma must be > 0, got {pv.sigma}")
+    if not (pv.sensitivity > 0 and math.isfinite(pv.sensitivity)):
+        raise ConfigError(f"{s}: privacy.sensitivity must be > 0, got {pv.sensitivity}")
+    if not pv.alpha > 1:
+        raise ConfigError(f"{s}: privacy.alpha must be > 1 (a Rényi order), got {pv.alpha}")
+    if not 0 < pv.delta < 1:
+        raise ConfigError(f"{s}: privacy.delta must be in (0, 1), got {pv.delta}")
+    nw = cfg.network
+    if not 0 <= nw.base_port <= 65535:
+        raise ConfigError(f"{s}: network.base_port must be in 0..65535")
+    if not nw.deadline_s > 0:
+        raise ConfigError(f"{s}: network.deadline_s must be > 0")
+    if not nw.connect_timeout_s > 0:
+        raise ConfigError(f"{s}: network.connect_timeout_s must be > 0")
+    if not 1024 <= nw.max_frame_bytes <= 1 << 31:
+        raise ConfigError(f"{s}: network.max_frame_bytes must be in 1024..2^31")
+    if not nw.host:
+        raise ConfigError(f"{s}: network.host must not be empty")

@@ -1,0 +1,186 @@
+"""Muffliato averaging (Algorithm 1 of the Muffliato paper): the pure math.
+
+Every node adds Gaussian noise to its private value once, then runs T synchronous gossip steps,
+optionally with re-scaled Chebyshev acceleration:
+
+    x_v^0     = x_v + eta_v,                       eta_v ~ N(0, sigma^2 I_D)
+    x_v^{t+1} = gamma_t * sum_{w in N(v) + v} W_vw x~_w^t + (1 - gamma_t) x_v^{t-1}
+
+with gamma_0 = 1 (so x^1 = W x^0, as Definition 3 requires; the paper leaves x^{-1} undefined)
+and gamma_t = gamma for t >= 1 when accelerated (1 otherwise). x~_w^t is the value neighbour w
+sent at step t, or the node's own x_v^t if w's message missed the step deadline (so a missing
+neighbour's weight falls back to the node itself and rows stay stochastic).
+
+The peer process and the reference simulator both call :func:`gossip_update` with the terms in
+increasing node-id order, so their results agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+
+from .. import graphs, seeds
+from ..config import Config
+
+
+@dataclass(frozen=True)
+class MuffliatoPlan:
+    """Everything public about a Muffliato run, derived deterministically from the config."""
+
+    n: int
+    graph: nx.Graph
+    W: np.ndarray
+    steps: int
+    accelerated: bool
+    gamma: float
+    spectral_gap: float
+    dim: int
+    sigma: float
+    sensitivity: float
+    alpha: float
+    delta: float
+
+    def gamma_at(self, t: int) -> float:
+        return 1.0 if (t == 0 or not self.accelerated) else self.gamma
+
+    def neighbours(self, v: int) -> list[int]:
+        return sorted(self.graph.neighbors(v))
+
+    def row(self, v: int) -> dict[int, float]:
+        """Node v's gossip weights (itself included), keyed by node id."""
+        return {w: float(self.W[v, w]) for w in sorted([*self.graph.neighbors(v), v])}
+
+    def public_params(self) -> dict:
+        return {
+            "protocol": "muffliato",
+            "n": self.n,
+            "steps": self.steps,
+            "accelerated": self.accelerated,
+            "gamma": self.gamma,
+            "spectral_gap": self.spectral_gap,
+            "dim": self.dim,
+            "sigma": self.sigma,
+            "sensitivity": self.sensitivity,
+            "alpha": self.alpha,
+            "delta": self.delta,
+        }
+
+
+def build_graph_from_config(cfg: Config) -> nx.Graph:
+    g = cfg.graph
+    return graphs.build_graph(
+        g.kind,
+        nodes=g.nodes,
+        dim=g.dim,
+        rows=g.rows,
+        cols=g.cols,
+        p=g.p,
+        radius=g.radius,
+        path=g.path,
+        seed=g.seed,
+    )
+
+
+def make_plan(cfg: Config, graph: nx.Graph | None = None) -> MuffliatoPlan:
+    g = graph if graph is not None else build_graph_from_config(cfg)
+    W = graphs.gossip_matrix(g, cfg.protocol.weights)
+    lam = graphs.spectral_gap(W)
+    pr = cfg.protocol
+    gamma = graphs.chebyshev_gamma(lam) if pr.accelerated else 1.0
+    if pr.steps == "auto":
+        steps = graphs.auto_steps(
+            lam, g.number_of_nodes(), cfg.privacy.sigma, pr.spread, cfg.data.dim, pr.accelerated
+        )
+    else:
+        steps = int(pr.steps)
+    return MuffliatoPlan(
+        n=g.number_of_nodes(),
+        graph=g,
+        W=W,
+        steps=steps,
+        accelerated=pr.accelerated,
+        gamma=gamma,
+        spectral_gap=lam,
+        dim=cfg.data.dim,
+        sigma=cfg.privacy.sigma,
+        sensitivity=cfg.privacy.sensitivity,
+        alpha=cfg.privacy.alpha,
+        delta=cfg.privacy.delta,
+    )
+
+
+def private_value(cfg: Config, v: int) -> np.ndarray:
+    """Node v's private input for the averaging demo (derived from the run seed)."""
+    rng = seeds.stream(cfg.run.seed, seeds.PURPOSE_DATA, v)
+    d = cfg.data
+    if d.kind == "uniform":
+        return rng.uniform(d.low, d.high, size=d.dim)
+    if d.kind == "gaussian":
+        return rng.normal(d.mean, d.scale, size=d.dim)
+    if d.kind == "bernoulli":
+        return (rng.random(size=d.dim) < d.p).astype(np.float64)
+    raise ValueError(f"unknown data kind {d.kind!r}")
+
+
+def local_noise(cfg: Config, v: int, round_: int = 0) -> np.ndarray:
+    rng = seeds.stream(cfg.run.seed, seeds.PURPOSE_NOISE, v, round_)
+    return rng.normal(0.0, cfg.privacy.sigma, size=cfg.data.dim)
+
+
+def initial_value(x: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    """x_v^0 = x_v + eta_v: the only value ever sent that depends on the raw input."""
+    return x + noise
+
+
+def gossip_update(
+    terms: Sequence[tuple[float, np.ndarray]],
+    gamma_t: float,
+    previous: np.ndarray | None,
+) -> np.ndarray:
+    """One Muffliato step for one node.
+
+    ``terms`` are (weight, value) pairs in increasing node-id order (the node itself included,
+    with missing neighbours already replaced by the node's own value). The accumulation order is
+    fixed so every driver gets bit-identical results.
+    """
+    acc = terms[0][0] * terms[0][1]
+    for weight, value in terms[1:]:
+        acc = acc + weight * value
+    if gamma_t == 1.0:
+        return acc
+    if previous is None:
+        raise ValueError("an accelerated step needs the previous value")
+    return gamma_t * acc + (1.0 - gamma_t) * previous
+
+
+def step_terms(
+    row: dict[int, float], own: int, own_value: np.ndarray, received: dict[int, np.ndarray]
+) -> list[tuple[float, np.ndarray]]:
+    """Build the (weight, value) terms for :func:`gossip_update`: missing neighbours -> own value."""
+    out = []
+    for w in sorted(row):
+        if w == own:
+            out.append((row[w], own_value))
+        else:
+            out.append((row[w], received.get(w, own_value)))
+    return out
+
+
+def realised_row(row: dict[int, float], own: int, got: set[int]) -> dict[int, float]:
+    """The row of M_t a node actually applied: missed neighbours' weight moved to itself."""
+    out = {w: 0.0 for w in row}
+    for w, wt in row.items():
+        if w == own or w in got:
+            out[w] += wt
+        else:
+            out[own] += wt
+    return out
+
+
+def steps_per_second(steps: int, seconds: float) -> float:
+    return steps / seconds if seconds > 0 else math.inf
