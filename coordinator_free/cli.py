@@ -1,0 +1,449 @@
+"""Command line: ``cfree`` (also ``python -m coordinator_free``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__
+from . import config as config_mod
+
+EPILOG = """\
+examples:
+  cfree run                                   # 8 peers on a ring, built-in default config
+  cfree run examples/muffliato-ring.toml --set graph.nodes=12
+  cfree plan examples/muffliato-ring.toml --source 0 --method exact --json
+  cfree audit runs/<run-dir> --observer 3
+  cfree simulate examples/muffliato-ring.toml
+  cfree keygen --nodes 4 --out cluster/ --hosts 10.0.0.1:7000,10.0.0.2:7000,...
+
+Configuration keys are documented in docs/config.md; privacy quantities in docs/privacy.md.
+"""
+
+
+class CliError(Exception):
+    pass
+
+
+def _add_config_args(p: argparse.ArgumentParser, optional: bool = True) -> None:
+    p.add_argument(
+        "config",
+        nargs="?" if optional else None,
+        help="experiment config (TOML); without it the built-in default: Muffliato on a ring of 8"
+        if optional
+        else "experiment config (TOML)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config key, e.g. --set graph.nodes=16 (repeatable; value parsed as TOML)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cfree",
+        description="coordinator-free: run differentially private decentralized learning as real "
+        "peer processes over encrypted channels, and audit the pairwise privacy loss each node "
+        "experienced from its view log.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"cfree {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser(
+        "run",
+        help="run an experiment on a local cluster of peer processes",
+        description="Start one peer process per node on loopback, run the protocol over encrypted "
+        "TCP channels, then print the estimate error per node, rounds/s, bytes sent and the "
+        "pairwise privacy losses the auditor computed from the view logs. Everything lands in a "
+        "run directory (config, roster, keys, logs, results, audit).",
+    )
+    _add_config_args(p)
+    p.add_argument("--out", type=Path, help="run directory (default: runs/<name>-<time>-<rand>)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.add_argument("--no-audit", action="store_true", help="skip the audit at the end")
+
+    p = sub.add_parser(
+        "peer",
+        help="run ONE node (what `cfree run` starts per node; use it on LAN hosts or containers)",
+        description="Run a single peer: load its private key, dial its graph neighbours from the "
+        "roster, run the protocol and write its view log and result under --out.",
+    )
+    p.add_argument("--config", required=True, help="experiment config (TOML)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--roster", required=True, type=Path, help="public roster (roster.json)")
+    p.add_argument("--key", required=True, type=Path, help="this node's private key file")
+    p.add_argument("--id", required=True, type=int, help="this node's id in the roster")
+    p.add_argument("--out", required=True, type=Path, help="run directory for logs/ and results/")
+    p.add_argument("--listen-fd", type=int, help="inherited listening socket (set by the launcher)")
+    p.add_argument("--progress-fd", type=int, help="write JSON-lines progress events to this fd")
+    p.add_argument("-v", "--verbose", action="store_true")
+
+    p = sub.add_parser(
+        "keygen",
+        help="write one X25519 private key per node and the public roster",
+        description="Generate node keys (PEM, mode 0600) under OUT/keys and the public roster "
+        "OUT/roster.json. The roster (ids, addresses, public keys) is the only shared state of a "
+        "run; private keys never leave their node.",
+    )
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--nodes", type=int, help="number of nodes (addresses 127.0.0.1, port 0)")
+    g.add_argument("--hosts", help="comma-separated host:port list, one per node in id order")
+    g.add_argument("--config", help="take the number of nodes from this config")
+    p.add_argument("--out", required=True, type=Path, help="output directory")
+    p.add_argument("--name", default="run", help="run name recorded in the roster")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser(
+        "plan",
+        help="pairwise privacy losses from public parameters only (before running)",
+        description="Compute, from the config alone, the loss from a source node to every "
+        "observer (the fault-free schedule). --method exact: the exact Rényi divergence of the "
+        "observer's whole view; --method paper: Eq. (6) of the Muffliato paper. Without --source, "
+        "a summary over all pairs by graph distance.",
+    )
+    _add_config_args(p)
+    p.add_argument("--source", type=int, help="source node u (default: summary over all pairs)")
+    p.add_argument("--method", choices=["exact", "paper"], default="exact")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser(
+        "audit",
+        help="replay a finished run's view logs and compute the per-pair losses",
+        description="Rebuild the schedule that really happened (missed deadlines, late messages) "
+        "from the view logs of RUN_DIR, then compute every observer's loss about every source "
+        "with both methods, and check the logs' integrity.",
+    )
+    p.add_argument("run_dir", type=Path, help="run directory written by `cfree run`")
+    p.add_argument("--observer", type=int, action="append", help="only this observer (repeatable)")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser(
+        "simulate",
+        help="the same protocol in one process (reference simulator, same seeds)",
+        description="Run the reference simulator: the exact update math of the peers, the same "
+        "seeds, no network. A fault-free `cfree run` of the same config ends with the same values.",
+    )
+    _add_config_args(p)
+    p.add_argument("--json", action="store_true")
+    return parser
+
+
+# --------------------------------------------------------------------------------- formatting
+
+
+def _fmt(x: float) -> str:
+    if x == 0:
+        return "0"
+    if abs(x) >= 1e4 or abs(x) < 1e-3:
+        return f"{x:.2e}"
+    return f"{x:.4f}"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    line = "  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))
+    out = [line, "  ".join("-" * w for w in widths)]
+    for r in rows:
+        out.append("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
+    return "\n".join(out)
+
+
+def _print_plan(rep: dict) -> None:
+    print(
+        f"n={rep['n']}  steps={rep['steps']}  accelerated={rep['accelerated']}  "
+        f"spectral gap={rep['spectral_gap']:.4g}  method={rep['method']}  alpha={rep['alpha']}  "
+        f"delta={rep['delta']:g}"
+    )
+    print(f"LDP baseline: rdp={_fmt(rep['ldp']['rdp'])}  eps={_fmt(rep['ldp']['eps'])}")
+    if rep.get("source") is not None:
+        rows = [
+            [str(x["observer"]), str(x["distance"]), _fmt(x["factor"]), _fmt(x["rdp"]), _fmt(x["eps"])]
+            for x in rep["losses"]
+        ]
+        print(f"losses from source {rep['source']}:")
+        print(_table(["observer", "dist", "factor", "rdp", "eps"], rows))
+        return
+    rows = [
+        [str(r["distance"]), str(r["pairs"]), _fmt(r["factor_mean"]), _fmt(r["factor_max"]),
+         _fmt(r["rdp_mean"]), _fmt(r["rdp_max"]), _fmt(r["eps_max"])]
+        for r in rep["by_distance"]
+    ]  # fmt: skip
+    print(_table(["dist", "pairs", "factor mean", "factor max", "rdp mean", "rdp max", "eps max"], rows))
+    w = rep["worst_pair"]
+    print(f"worst pair: {w['source']} -> {w['observer']}  rdp={_fmt(w['rdp'])}  eps={_fmt(w['eps'])}")
+    m = rep["mean_over_pairs"]
+    print(f"mean over pairs: rdp={_fmt(m['rdp'])}  eps={_fmt(m['eps'])}")
+
+
+def _audit_matrix(rep: dict, method: str, key: str = "eps") -> tuple[list[int], dict[tuple[int, int], float]]:
+    cells = {}
+    for o in rep["observers"]:
+        for x in o["losses"]:
+            if x["method"] == method:
+                cells[(o["observer"], x["source"])] = x[key]
+    return [o["observer"] for o in rep["observers"]], cells
+
+
+def _print_audit(rep: dict) -> None:
+    n = rep["n"]
+    print(
+        f"audit of {rep['run_dir']}: n={n} steps={rep['steps']} fault-free={rep['fault_free']} "
+        f"alpha={rep['alpha']} delta={rep['delta']:g}  (LDP eps={_fmt(rep['ldp']['eps'])})"
+    )
+    observers = [o["observer"] for o in rep["observers"]]
+    for method in ("exact", "paper"):
+        obs, cells = _audit_matrix(rep, method)
+        if n <= 16:
+            print(f"\n{method}: eps_(u->v), rows = observer v, columns = source u")
+            rows = [[str(v)] + [("." if u == v else _fmt(cells[(v, u)])) for u in range(n)] for v in obs]
+            print(_table(["v\\u"] + [str(u) for u in range(n)], rows))
+        else:
+            print(f"\n{method}: per observer (max and mean eps over sources)")
+            rows = []
+            for v in obs:
+                vals = [cells[(v, u)] for u in range(n) if u != v]
+                rows.append([str(v), _fmt(max(vals)), _fmt(float(np.mean(vals)))])
+            print(_table(["observer", "eps max", "eps mean"], rows))
+    notes = rep.get("notes", [])
+    if notes:
+        print(f"\n{len(notes)} pair(s) where Eq. (6) is below the exact loss (the paper's bound is not an upper bound there)")
+    if rep["integrity"]:
+        print(f"\nintegrity findings ({len(rep['integrity'])}):")
+        for f in rep["integrity"][:50]:
+            print(f"  node {f.get('node')}: {f['kind']}: {f['message']}")
+    else:
+        print(f"\nintegrity: {len(observers)} log(s) intact, every received value matches its sender's log")
+
+
+# ----------------------------------------------------------------------------------- commands
+
+
+def cmd_run(args) -> int:
+    from .audit import audit_run, write_json
+    from .cluster import local
+    from .sim import simulate
+
+    cfg = config_mod.load(args.config, args.set)
+    out = args.out or local.default_run_dir(cfg)
+    local.prepare_run_dir(cfg, out)
+    if not args.quiet:
+        print(f"run directory: {out}", file=sys.stderr)
+        from .protocols.muffliato import make_plan
+
+        plan = make_plan(cfg)
+        print(
+            f"starting {plan.n} peers: {cfg.protocol.name} on {cfg.graph.kind}, "
+            f"{plan.steps} steps{' (Chebyshev)' if plan.accelerated else ''}, sigma={plan.sigma}",
+            file=sys.stderr,
+        )
+    run = asyncio.run(local.launch_peers(cfg, out, show_progress=not args.quiet))
+    results = local.collect_results(cfg, out)
+    sim = simulate(cfg)
+    finished = [r for r in results["nodes"] if r["finished"]]
+    match = None
+    if finished:
+        diffs = [
+            float(np.max(np.abs(np.asarray(r["estimate"]) - sim.finals[r["node"]]))) for r in finished
+        ]
+        match = max(diffs)
+    summary = {
+        "run_dir": str(out),
+        "wall_s": run.wall_s,
+        "results": results,
+        "simulator_max_abs_diff": match,
+        "failed": [{"node": o.node, "returncode": o.returncode, "error": o.error} for o in run.failed],
+    }
+    audit = None
+    if not args.no_audit and finished:
+        audit = audit_run(out)
+        write_json(out / "audit.json", audit)
+        summary["audit"] = {"fault_free": audit["fault_free"], "integrity": audit["integrity"]}
+    write_json(out / "summary.json", summary)
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        _print_run_summary(summary, audit)
+    if run.failed:
+        for o in run.failed:
+            print(f"cfree run: node {o.node} failed (exit {o.returncode}): {o.error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_run_summary(summary: dict, audit: dict | None) -> None:
+    res = summary["results"]
+    nodes = res["nodes"]
+    print(f"\ntrue mean: {np.array2string(np.asarray(res['true_mean']), precision=4)}")
+    rows = []
+    for r in nodes:
+        if not r["finished"]:
+            rows.append([str(r["node"]), "-", "-", "-", "-", "did not finish"])
+            continue
+        rows.append(
+            [str(r["node"]), _fmt(r["error"]), f"{r['steps_per_s']:.1f}", str(r["bytes_sent"]),
+             str(r["bytes_received"]), str(r["missed"])]
+        )  # fmt: skip
+    print(_table(["node", "|est - mean|", "steps/s", "bytes sent", "bytes recv", "missed"], rows))
+    fin = [r for r in nodes if r["finished"]]
+    if fin:
+        print(
+            f"mean error {_fmt(float(np.mean([r['error'] for r in fin])))}, "
+            f"total bytes sent {sum(r['bytes_sent'] for r in fin)}, "
+            f"wall time {summary['wall_s']:.2f}s"
+        )
+    d = summary["simulator_max_abs_diff"]
+    if d is not None:
+        print(f"reference simulator: max |peer - simulator| = {d:.3g}{' (bitwise equal)' if d == 0 else ''}")
+    if audit is not None:
+        print()
+        _print_audit_compact(audit)
+    print(f"\nrun directory: {summary['run_dir']}  (details: cfree audit {summary['run_dir']})")
+
+
+def _print_audit_compact(audit: dict) -> None:
+    """PNDP table by graph distance: mean and max eps over pairs, both methods."""
+    by: dict[tuple[str, int], list[float]] = {}
+    for o in audit["observers"]:
+        for x in o["losses"]:
+            by.setdefault((x["method"], x["distance"]), []).append(x["eps"])
+    dists = sorted({d for _, d in by})
+    rows = []
+    for d in dists:
+        e = by.get(("exact", d), [0.0])
+        p = by.get(("paper", d), [0.0])
+        rows.append([str(d), str(len(e)), _fmt(float(np.mean(e))), _fmt(max(e)), _fmt(float(np.mean(p))), _fmt(max(p))])
+    print(
+        f"pairwise network DP (eps at delta={audit['delta']:g}, from the view logs; "
+        f"LDP would be eps={_fmt(audit['ldp']['eps'])}):"
+    )
+    print(_table(["dist", "pairs", "exact mean", "exact max", "paper mean", "paper max"], rows))
+    if audit["integrity"]:
+        print(f"integrity findings: {len(audit['integrity'])} (see cfree audit)")
+
+
+def cmd_plan(args) -> int:
+    from .audit import plan_report
+
+    cfg = config_mod.load(args.config, args.set)
+    rep = plan_report(cfg, source=args.source, method=args.method)
+    if args.json:
+        print(json.dumps(rep, indent=1))
+    else:
+        _print_plan(rep)
+    return 0
+
+
+def cmd_audit(args) -> int:
+    from .audit import audit_run
+
+    rep = audit_run(args.run_dir, observers=args.observer)
+    if args.json:
+        print(json.dumps(rep, indent=1))
+    else:
+        _print_audit(rep)
+    return 0
+
+
+def cmd_simulate(args) -> int:
+    from .sim import simulate
+
+    cfg = config_mod.load(args.config, args.set)
+    r = simulate(cfg)
+    out = {
+        "n": r.plan.n,
+        "steps": r.plan.steps,
+        "true_mean": r.true_mean.tolist(),
+        "finals": r.finals.tolist(),
+        "errors": [float(np.linalg.norm(r.finals[v] - r.true_mean)) for v in range(r.plan.n)],
+        "mse_by_step": r.history_mse,
+    }
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        print(f"n={out['n']} steps={out['steps']} true mean={np.array2string(r.true_mean, precision=4)}")
+        rows = [[str(v), np.array2string(r.finals[v], precision=4), _fmt(out["errors"][v])] for v in range(r.plan.n)]
+        print(_table(["node", "final value", "|est - mean|"], rows))
+        print("mean squared error by step: " + " ".join(_fmt(x) for x in r.history_mse))
+    return 0
+
+
+def cmd_keygen(args) -> int:
+    from . import roster as roster_mod
+
+    if args.hosts:
+        hosts = []
+        for item in args.hosts.split(","):
+            host, _, port = item.strip().rpartition(":")
+            if not host or not port.isdigit():
+                raise CliError(f"--hosts: {item!r} is not host:port")
+            hosts.append((host.strip("[]"), int(port)))
+        n = len(hosts)
+    elif args.config:
+        from .protocols.muffliato import build_graph_from_config
+
+        cfg = config_mod.load(args.config)
+        n = build_graph_from_config(cfg).number_of_nodes()
+        hosts = None
+    else:
+        n = args.nodes
+        hosts = None
+        if n < 2:
+            raise CliError("--nodes must be at least 2")
+    out: Path = args.out
+    roster_path = out / "roster.json"
+    if roster_path.exists():
+        raise CliError(f"{roster_path} already exists; choose another --out (keys are never overwritten)")
+    ros = roster_mod.generate_keys(n, out / "keys", hosts=hosts, name=args.name)
+    roster_mod.save_roster(roster_path, ros)
+    if args.json:
+        print(json.dumps({"roster": str(roster_path), "keys": str(out / "keys"), "nodes": n, "run_id": ros.run_id}))
+    else:
+        print(f"wrote {n} private keys to {out / 'keys'} (mode 0600) and the public roster {roster_path}")
+    return 0
+
+
+def cmd_peer(args) -> int:
+    from .peer import peer_main
+
+    return peer_main(args)
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "peer": cmd_peer,
+    "keygen": cmd_keygen,
+    "plan": cmd_plan,
+    "audit": cmd_audit,
+    "simulate": cmd_simulate,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    from .audit import AuditError
+    from .cluster.local import LaunchError
+    from .graphs import GraphError
+
+    try:
+        return COMMANDS[args.command](args)
+    except (config_mod.ConfigError, CliError, AuditError, LaunchError, GraphError) as exc:
+        print(f"cfree {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"cfree {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,280 @@
+"""Local launcher behind ``cfree run``: a cluster of real peer processes on loopback.
+
+The launcher binds every peer's listening socket itself (port 0: the OS picks a free port) and
+hands each socket to its peer process as an inherited file descriptor. So the roster holds real,
+already-reserved addresses before any peer starts, and concurrent runs can never clash on ports.
+
+Layout of a run directory::
+
+    config.toml        the exact configuration of the run (after --set overrides)
+    roster.json        public roster: node id, address, public key
+    keys/node-<i>.key  private keys (mode 0600)
+    logs/node-<i>.vlog view logs;  logs/node-<i>.stderr  each peer's diagnostics
+    results/node-<i>.json  each peer's final estimate and traffic counters
+    summary.json       what ``cfree run`` printed, for machines
+    audit.json         the auditor's per-pair losses (same shape as ``cfree audit --json``)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .. import roster as roster_mod
+from ..config import Config
+from ..protocols import muffliato as mf
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+@dataclass
+class PeerOutcome:
+    node: int
+    returncode: int | None
+    error: str | None = None
+    steps_done: int = 0
+
+
+@dataclass
+class LocalRun:
+    out_dir: Path
+    outcomes: list[PeerOutcome] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def failed(self) -> list[PeerOutcome]:
+        return [o for o in self.outcomes if o.returncode != 0]
+
+
+def default_run_dir(cfg: Config, base: Path | None = None) -> Path:
+    base = base or Path.cwd() / "runs"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return base / f"{cfg.run.name}-{stamp}-{secrets.token_hex(2)}"
+
+
+def prepare_run_dir(cfg: Config, out_dir: Path) -> None:
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise LaunchError(f"run directory {out_dir} already exists and is not empty")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.toml").write_text(cfg.to_toml())
+
+
+def bind_sockets(host: str, n: int, base_port: int) -> list[socket.socket]:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    socks = []
+    try:
+        for i in range(n):
+            s = socket.socket(family, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            port = base_port + i if base_port else 0
+            try:
+                s.bind((host, port))
+            except OSError as exc:
+                s.close()
+                raise LaunchError(f"cannot bind node {i} to {host}:{port}: {exc.strerror}") from None
+            s.listen(128)
+            s.set_inheritable(True)
+            socks.append(s)
+    except BaseException:
+        for s in socks:
+            s.close()
+        raise
+    return socks
+
+
+class ProgressDisplay:
+    """One status line on stderr; plain periodic lines when stderr is not a terminal."""
+
+    def __init__(self, n: int, steps: int, enabled: bool):
+        self.n, self.steps, self.enabled = n, steps, enabled
+        self.tty = sys.stderr.isatty()
+        self.connected: set[int] = set()
+        self.step = [0] * n
+        self.finished: set[int] = set()
+        self._last_pct = -1
+        self._t0 = time.monotonic()
+
+    def update(self, ev: dict) -> None:
+        node = ev.get("node")
+        if not isinstance(node, int) or not 0 <= node < self.n:
+            return
+        kind = ev.get("event")
+        if kind == "connected":
+            self.connected.add(node)
+        elif kind == "step":
+            self.step[node] = int(ev.get("step", 0))
+        elif kind == "finished":
+            self.finished.add(node)
+        self.render()
+
+    def render(self, final: bool = False) -> None:
+        if not self.enabled:
+            return
+        low = min(self.step)
+        pct = int(100 * low / max(1, self.steps))
+        width = 30
+        bar = "#" * (width * pct // 100) + "-" * (width - width * pct // 100)
+        line = (
+            f"  [{bar}] step {low}/{self.steps}  connected {len(self.connected)}/{self.n}  "
+            f"finished {len(self.finished)}/{self.n}  {time.monotonic() - self._t0:5.1f}s"
+        )
+        if self.tty:
+            sys.stderr.write("\r" + line + ("\n" if final else ""))
+            sys.stderr.flush()
+        elif final or pct // 25 != self._last_pct // 25:
+            self._last_pct = pct
+            sys.stderr.write(line + "\n")
+
+
+async def _watch_peer(
+    node: int, proc: asyncio.subprocess.Process, outcome: PeerOutcome, display: ProgressDisplay, stderr_path: Path
+) -> None:
+    async def pump_stdout():
+        assert proc.stdout is not None
+        while True:
+            line = await proc.stdout.readline()
+            if not line:
+                return
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(ev, dict):
+                if ev.get("event") == "failed":
+                    outcome.error = str(ev.get("error"))
+                if ev.get("event") == "step":
+                    outcome.steps_done = int(ev.get("step", 0))
+                display.update(ev)
+
+    async def pump_stderr():
+        assert proc.stderr is not None
+        with open(stderr_path, "wb") as f:
+            while True:
+                chunk = await proc.stderr.read(65536)
+                if not chunk:
+                    return
+                f.write(chunk)
+                f.flush()
+
+    await asyncio.gather(pump_stdout(), pump_stderr())
+    outcome.returncode = await proc.wait()
+
+
+async def launch_peers(cfg: Config, out_dir: Path, *, show_progress: bool = True, timeout_s: float | None = None) -> LocalRun:
+    """Generate keys and a roster, spawn one process per node, wait for all of them."""
+    plan = mf.make_plan(cfg)
+    n = plan.n
+    socks = bind_sockets(cfg.network.host, n, cfg.network.base_port)
+    try:
+        hosts = [(cfg.network.host, s.getsockname()[1]) for s in socks]
+        ros = roster_mod.generate_keys(n, out_dir / "keys", hosts=hosts, name=cfg.run.name)
+        roster_mod.save_roster(out_dir / "roster.json", ros)
+        (out_dir / "logs").mkdir(exist_ok=True)
+        display = ProgressDisplay(n, plan.steps, show_progress)
+        outcomes = [PeerOutcome(node=i, returncode=None) for i in range(n)]
+        procs: list[asyncio.subprocess.Process] = []
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        t0 = time.monotonic()
+        for i, s in enumerate(socks):
+            cmd = [
+                sys.executable, "-m", "coordinator_free", "peer",
+                "--config", str(out_dir / "config.toml"),
+                "--roster", str(out_dir / "roster.json"),
+                "--key", str(roster_mod.key_path(out_dir / "keys", i)),
+                "--id", str(i),
+                "--out", str(out_dir),
+                "--listen-fd", str(s.fileno()),
+                "--progress-fd", "1",
+            ]  # fmt: skip
+            procs.append(
+                await asyncio.create_subprocess_exec(
+                    *cmd,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    pass_fds=(s.fileno(),),
+                    env=env,
+                )
+            )
+        # The children hold their own copies of the listening sockets now.
+        for s in socks:
+            s.close()
+        socks = []
+        if timeout_s is None:
+            timeout_s = (
+                cfg.network.connect_timeout_s
+                + (plan.steps + 2) * cfg.network.deadline_s * 2
+                + 60.0
+            )
+        watchers = [
+            asyncio.ensure_future(
+                _watch_peer(i, p, outcomes[i], display, out_dir / "logs" / f"node-{i}.stderr")
+            )
+            for i, p in enumerate(procs)
+        ]
+        done, pending = await asyncio.wait(watchers, timeout=timeout_s)
+        if pending:
+            for i, p in enumerate(procs):
+                if p.returncode is None:
+                    outcomes[i].error = f"still running after the run timeout of {timeout_s:.0f}s; killed"
+                    p.kill()
+            await asyncio.wait(pending, timeout=10)
+        display.render(final=True)
+        for o in outcomes:
+            if o.returncode not in (0, None) and o.error is None:
+                o.error = _stderr_tail(out_dir / "logs" / f"node-{o.node}.stderr")
+        return LocalRun(out_dir=out_dir, outcomes=outcomes, wall_s=time.monotonic() - t0)
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _stderr_tail(path: Path, lines: int = 5) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no diagnostics)"
+    return " | ".join(text[-lines:]) if text else "(exited without diagnostics)"
+
+
+def collect_results(cfg: Config, out_dir: Path) -> dict:
+    """Per-node estimate errors against the true mean, traffic, and rate."""
+    plan = mf.make_plan(cfg)
+    inputs = np.stack([mf.private_value(cfg, v) for v in range(plan.n)])
+    true_mean = inputs.mean(axis=0)
+    nodes = []
+    for v in range(plan.n):
+        path = out_dir / "results" / f"node-{v}.json"
+        try:
+            res = json.loads(path.read_text())
+        except (OSError, ValueError):
+            nodes.append({"node": v, "finished": False})
+            continue
+        est = np.asarray(res["estimate"], dtype=np.float64)
+        nodes.append(
+            {
+                "node": v,
+                "finished": True,
+                "estimate": res["estimate"],
+                "error": float(np.linalg.norm(est - true_mean)),
+                "bytes_sent": res["bytes_sent"],
+                "bytes_received": res["bytes_received"],
+                "messages_sent": res["messages_sent"],
+                "elapsed_s": res["elapsed_s"],
+                "steps_per_s": mf.steps_per_second(res["steps"], res["elapsed_s"]),
+                "missed": len(res.get("missed", [])),
+            }
+        )
+    return {"true_mean": true_mean.tolist(), "steps": plan.steps, "nodes": nodes}
