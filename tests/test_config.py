@@ -1,0 +1,82 @@
+from pathlib import Path
+
+import pytest
+
+from coordinator_free import config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_builtin_default_is_the_ring_example():
+    packaged = (ROOT / "coordinator_free" / "examples" / "muffliato-ring.toml").read_text()
+    shipped = (ROOT / "examples" / "muffliato-ring.toml").read_text()
+    assert packaged == shipped
+    cfg = config.load(None)
+    assert cfg.graph.kind == "ring" and cfg.graph.nodes == 8
+    assert cfg.protocol.name == "muffliato"
+
+
+def test_overrides_are_parsed_as_toml_values():
+    cfg = config.load(
+        None,
+        ["graph.nodes=12", "privacy.sigma=2", "protocol.accelerated=false", "protocol.steps=auto"],
+    )
+    assert cfg.graph.nodes == 12
+    assert cfg.privacy.sigma == 2.0 and isinstance(cfg.privacy.sigma, float)
+    assert cfg.protocol.accelerated is False
+    assert cfg.protocol.steps == "auto"
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("graph.nodez=3", "unknown key graph.nodez"),
+        ("grph.nodes=3", "unknown section [grph]"),
+        ("graph.nodes=true", "graph.nodes must be int"),
+        ("graph.nodes=2", "graph.nodes must be an integer >= 3"),
+        ("graph.kind=torus", "graph.kind 'torus' unknown"),
+        ("protocol.steps=0", "protocol.steps must be in 1..100000"),
+        ("protocol.steps=soon", 'protocol.steps must be a positive integer or "auto"'),
+        ("protocol.weights=hamilton", "protocol.weights 'hamilton' unknown"),
+        ("privacy.sigma=0", "privacy.sigma must be > 0"),
+        ("privacy.alpha=1", "privacy.alpha must be > 1"),
+        ("privacy.delta=1", "privacy.delta must be in (0, 1)"),
+        ("data.kind=images", "data.kind 'images' unknown"),
+        ("network.deadline_s=-1", "network.deadline_s must be > 0"),
+        ("nodes=3", "the key must look like section.key"),
+    ],
+)
+def test_bad_values_name_the_key(override, fragment):
+    with pytest.raises(config.ConfigError) as ei:
+        config.load(None, [override])
+    assert fragment in str(ei.value)
+
+
+def test_file_errors_name_the_file(tmp_path):
+    missing = tmp_path / "nope.toml"
+    with pytest.raises(config.ConfigError, match="does not exist"):
+        config.load(missing)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[graph\nkind = 'ring'\n")
+    with pytest.raises(config.ConfigError) as ei:
+        config.load(bad)
+    assert str(bad) in str(ei.value) and "invalid TOML" in str(ei.value)
+    needs_p = tmp_path / "er.toml"
+    needs_p.write_text('[graph]\nkind = "erdos_renyi"\nnodes = 10\n')
+    with pytest.raises(config.ConfigError, match=r"graph.p must be in \(0, 1\]"):
+        config.load(needs_p)
+
+
+def test_round_trip_through_toml(tmp_path):
+    cfg = config.load(None, ["graph.kind=grid", "graph.rows=2", "graph.cols=3", "data.dim=3"])
+    path = tmp_path / "c.toml"
+    path.write_text(cfg.to_toml())
+    again = config.load(path)
+    assert again.to_dict() == cfg.to_dict()
+
+
+def test_edgelist_path_is_relative_to_the_config(tmp_path):
+    (tmp_path / "g.txt").write_text("# a triangle plus a tail\n0 1\n1 2\n2 0\n2 3\n")
+    (tmp_path / "c.toml").write_text('[graph]\nkind = "edgelist"\npath = "g.txt"\n')
+    cfg = config.load(tmp_path / "c.toml")
+    assert cfg.graph_n() == 4

@@ -1,0 +1,93 @@
+import networkx as nx
+import numpy as np
+import pytest
+
+from coordinator_free import config, graphs, sim
+from coordinator_free.protocols import muffliato as mf
+
+
+def test_metropolis_weights_match_the_papers_experiments():
+    w = graphs.gossip_matrix(graphs.build_graph("path", nodes=4), "metropolis")
+    expected = np.array(
+        [[2 / 3, 1 / 3, 0, 0], [1 / 3, 1 / 3, 1 / 3, 0], [0, 1 / 3, 1 / 3, 1 / 3], [0, 0, 1 / 3, 2 / 3]]
+    )
+    np.testing.assert_allclose(w, expected, atol=1e-15)
+    h = graphs.gossip_matrix(graphs.build_graph("hypercube", dim=5), "metropolis")
+    assert h[0, 1] == pytest.approx(1 / 6) and h[0, 0] == pytest.approx(1 / 6)
+
+
+@pytest.mark.parametrize(
+    "kind, kw",
+    [
+        ("ring", {"nodes": 7}),
+        ("star", {"nodes": 6}),
+        ("grid", {"rows": 3, "cols": 4}),
+        ("complete", {"nodes": 5}),
+        ("erdos_renyi", {"nodes": 20, "p": 0.3, "seed": 3}),
+        ("geometric", {"nodes": 30, "radius": 0.4, "seed": 1}),
+    ],
+)
+@pytest.mark.parametrize("scheme", graphs.WEIGHT_SCHEMES)
+def test_gossip_matrices_are_symmetric_doubly_stochastic_on_the_graph(kind, kw, scheme):
+    g = graphs.build_graph(kind, **kw)
+    assert sorted(g.nodes()) == list(range(g.number_of_nodes()))
+    w = graphs.gossip_matrix(g, scheme)
+    np.testing.assert_allclose(w, w.T, atol=0)
+    np.testing.assert_allclose(w.sum(axis=1), 1.0, atol=1e-12)
+    assert (w >= 0).all()
+    adj = nx.to_numpy_array(g, nodelist=range(g.number_of_nodes())) > 0
+    off = ~np.eye(len(w), dtype=bool)
+    assert ((w > 0) & off <= adj).all()
+
+
+def test_random_graphs_are_deterministic_in_their_seed():
+    a = graphs.build_graph("erdos_renyi", nodes=25, p=0.2, seed=5)
+    b = graphs.build_graph("erdos_renyi", nodes=25, p=0.2, seed=5)
+    c = graphs.build_graph("erdos_renyi", nodes=25, p=0.2, seed=6)
+    assert set(a.edges()) == set(b.edges()) != set(c.edges())
+
+
+def test_disconnected_random_graph_is_a_clear_error():
+    with pytest.raises(graphs.GraphError, match="not connected in 5 draws; increase p"):
+        graphs.build_graph("erdos_renyi", nodes=50, p=0.001, seed=0, max_tries=5)
+
+
+def test_chebyshev_gamma_for_the_hypercube_of_the_paper():
+    # research note 2.2: hypercube dim 11 with lambda = 1/6 gives gamma = 1.42893
+    assert graphs.chebyshev_gamma(1 / 6) == pytest.approx(1.42893, abs=1e-5)
+    assert graphs.chebyshev_gamma(1.0) < 2 and graphs.chebyshev_gamma(0.0) == 2.0
+
+
+def test_simulator_equals_the_matrix_recursion():
+    for accelerated in (False, True):
+        cfg = config.load(None, [f"protocol.accelerated={str(accelerated).lower()}", "protocol.steps=9"])
+        r = sim.simulate(cfg)
+        plan = r.plan
+        y = np.stack(
+            [mf.initial_value(mf.private_value(cfg, v), mf.local_noise(cfg, v)) for v in range(plan.n)]
+        )
+        prev, cur = None, y
+        for t in range(plan.steps):
+            g = plan.gamma_at(t)
+            nxt = g * (plan.W @ cur) + ((1 - g) * prev if prev is not None else 0)
+            prev, cur = cur, nxt
+        np.testing.assert_allclose(r.finals, cur, rtol=1e-12, atol=1e-12)
+        # Doubly stochastic W preserves the sum of the noisy values.
+        np.testing.assert_allclose(r.finals.sum(axis=0), y.sum(axis=0), rtol=1e-12)
+
+
+def test_simulator_is_bitwise_reproducible_and_seed_sensitive():
+    a = sim.simulate(config.load(None)).finals
+    b = sim.simulate(config.load(None)).finals
+    c = sim.simulate(config.load(None, ["run.seed=8"])).finals
+    assert np.array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_missed_neighbour_falls_back_to_own_value():
+    row = {0: 0.5, 1: 0.25, 2: 0.25}
+    own = np.array([1.0])
+    terms = mf.step_terms(row, 0, own, {1: np.array([3.0])})
+    out = mf.gossip_update(terms, 1.0, None)
+    assert out[0] == pytest.approx(0.5 * 1 + 0.25 * 3 + 0.25 * 1)
+    assert mf.realised_row(row, 0, {1}) == {0: 0.75, 1: 0.25, 2: 0.0}
