@@ -494,6 +494,8 @@ def load_private_key(path: str | os.PathLike) -> X25519PrivateKey:
         raise KeyFileError(f"cannot read key file {path}: {exc.strerror or exc}") from None
     try:
         st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise KeyFileError(f"key file {path} is a directory, not a key file")
         if not stat.S_ISREG(st.st_mode):
             raise KeyFileError(f"key file {path} is not a regular file")
         if os.name == "posix" and st.st_mode & 0o077:
