@@ -438,10 +438,20 @@ def main(argv: list[str] | None = None) -> int:
     from .audit import AuditError
     from .cluster.local import LaunchError
     from .graphs import GraphError
+    from .roster import RosterError
+    from .viewlog import ViewLogError
 
     try:
         return COMMANDS[args.command](args)
-    except (config_mod.ConfigError, CliError, AuditError, LaunchError, GraphError) as exc:
+    except (
+        config_mod.ConfigError,
+        CliError,
+        AuditError,
+        LaunchError,
+        GraphError,
+        RosterError,
+        ViewLogError,
+    ) as exc:
         print(f"cfree {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
