@@ -24,6 +24,7 @@ import secrets
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,7 +139,12 @@ class ProgressDisplay:
 
 
 async def _watch_peer(
-    node: int, proc: asyncio.subprocess.Process, outcome: PeerOutcome, display: ProgressDisplay, stderr_path: Path
+    node: int,
+    proc: asyncio.subprocess.Process,
+    outcome: PeerOutcome,
+    display: ProgressDisplay,
+    stderr_path: Path,
+    on_event: Callable[[int, dict, int], None] | None,
 ) -> None:
     async def pump_stdout():
         assert proc.stdout is not None
@@ -156,6 +162,8 @@ async def _watch_peer(
                 if ev.get("event") == "step":
                     outcome.steps_done = int(ev.get("step", 0))
                 display.update(ev)
+                if on_event is not None:
+                    on_event(node, ev, proc.pid)
 
     async def pump_stderr():
         assert proc.stderr is not None
@@ -171,8 +179,19 @@ async def _watch_peer(
     outcome.returncode = await proc.wait()
 
 
-async def launch_peers(cfg: Config, out_dir: Path, *, show_progress: bool = True, timeout_s: float | None = None) -> LocalRun:
-    """Generate keys and a roster, spawn one process per node, wait for all of them."""
+async def launch_peers(
+    cfg: Config,
+    out_dir: Path,
+    *,
+    show_progress: bool = True,
+    timeout_s: float | None = None,
+    on_event: Callable[[int, dict, int], None] | None = None,
+) -> LocalRun:
+    """Generate keys and a roster, spawn one process per node, wait for all of them.
+
+    ``on_event(node, event, pid)`` is called for every progress event a peer reports (used by
+    fault-injection tests to act at a precise point of a run).
+    """
     plan = mf.make_plan(cfg)
     n = plan.n
     socks = bind_sockets(cfg.network.host, n, cfg.network.base_port)
@@ -220,7 +239,9 @@ async def launch_peers(cfg: Config, out_dir: Path, *, show_progress: bool = True
             )
         watchers = [
             asyncio.ensure_future(
-                _watch_peer(i, p, outcomes[i], display, out_dir / "logs" / f"node-{i}.stderr")
+                _watch_peer(
+                    i, p, outcomes[i], display, out_dir / "logs" / f"node-{i}.stderr", on_event
+                )
             )
             for i, p in enumerate(procs)
         ]

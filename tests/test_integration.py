@@ -1,0 +1,159 @@
+"""End to end: real peer processes, real TCP on loopback, real keys.
+
+One fault-free 8-peer run is shared by several checks (module fixture): the final values equal
+the simulator's bit for bit, the audit of the logs equals the plan, the logs are intact and hold
+no secrets. A second run kills one peer mid-run and checks the dropout is recorded and accounted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from coordinator_free import audit, config, sim
+from coordinator_free.cluster import local
+from coordinator_free.viewlog import read_viewlog
+
+N = 8
+
+
+@pytest.fixture(scope="module")
+def ring_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ring") / "run"
+    cfg = config.load(None, ["network.deadline_s=20"])
+    local.prepare_run_dir(cfg, out)
+    run = asyncio.run(local.launch_peers(cfg, out, show_progress=False, timeout_s=180))
+    return cfg, out, run
+
+
+def test_all_peers_finish(ring_run):
+    cfg, out, run = ring_run
+    assert len(run.outcomes) == N
+    assert [o.returncode for o in run.outcomes] == [0] * N, [o.error for o in run.outcomes]
+
+
+def test_networked_run_equals_simulator_bitwise(ring_run):
+    cfg, out, _ = ring_run
+    ref = sim.simulate(cfg)
+    for v in range(N):
+        res = json.loads((out / "results" / f"node-{v}.json").read_text())
+        est = np.asarray(res["estimate"], dtype=np.float64)
+        assert np.array_equal(est, ref.finals[v]), f"node {v}: {est} != {ref.finals[v]}"
+        assert res["missed"] == []
+        assert res["bytes_sent"] > 0 and res["messages_sent"] >= ref.plan.steps * 2
+
+
+def test_audit_of_fault_free_run_equals_plan(ring_run):
+    cfg, out, _ = ring_run
+    rep = audit.audit_run(out)
+    assert rep["fault_free"] is True
+    assert rep["integrity"] == []
+    assert [o["observer"] for o in rep["observers"]] == list(range(N))
+    plan = {m: audit.plan_report(cfg, source=None, method=m) for m in audit.METHODS}
+    for u in range(N):
+        for m in audit.METHODS:
+            p = audit.plan_report(cfg, source=u, method=m)
+            by_obs = {x["observer"]: x for x in p["losses"]}
+            for o in rep["observers"]:
+                v = o["observer"]
+                if v == u:
+                    continue
+                (a,) = [x for x in o["losses"] if x["source"] == u and x["method"] == m]
+                assert a["rdp"] == pytest.approx(by_obs[v]["rdp"], rel=1e-7, abs=1e-12)
+                assert a["eps"] == pytest.approx(by_obs[v]["eps"], rel=1e-6, abs=1e-10)
+    # On a ring of 8 the neighbours' exact loss is LDP-level for some pair, and never above it.
+    ldp = rep["ldp"]["rdp"]
+    exact = [x["rdp"] for o in rep["observers"] for x in o["losses"] if x["method"] == "exact"]
+    assert max(exact) <= ldp * (1 + 1e-9)
+    assert plan["exact"]["worst_pair"]["rdp"] == pytest.approx(max(exact), rel=1e-7)
+
+
+def test_view_logs_are_intact_and_hold_no_secrets(ring_run):
+    cfg, out, _ = ring_run
+    ref = sim.simulate(cfg)
+    for v in range(N):
+        vl = read_viewlog(out / "logs" / f"node-{v}.vlog")
+        assert vl.intact, vl.problems
+        assert vl.header["node"] == v
+        kinds = {r["k"] for r in vl.records}
+        assert {"send", "recv", "finished"} <= kinds
+        assert "miss" not in kinds
+        recv = [r for r in vl.records if r["k"] == "recv"]
+        assert len(recv) == 2 * ref.plan.steps  # ring: 2 neighbours per step
+        # The node's own noisy input y_v = x_v + eta_v is sent (step 0) but never logged by v:
+        # sends carry digests only.
+        for r in vl.records:
+            if r["k"] == "send":
+                assert "value" not in r and len(r["digest"]) == 32
+    raw = b"".join((out / "logs" / f"node-{v}.vlog").read_bytes() for v in range(N))
+    for v in range(N):
+        key_pem = (out / "keys" / f"node-{v}.key").read_bytes()
+        body = b"".join(key_pem.splitlines()[1:-1])
+        assert body not in raw
+    assert oct((out / "keys" / "node-0.key").stat().st_mode & 0o777) == "0o600"
+
+
+def test_cli_run_default_prints_summary(tmp_path):
+    """`cfree run` with no config runs the built-in ring example end to end."""
+    out = tmp_path / "cli-run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "coordinator_free", "run", "--out", str(out), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert "true mean" in text and "steps/s" in text and "bytes sent" in text
+    assert "pairwise network DP" in text and "exact max" in text
+    assert "(bitwise equal)" in text
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(summary["results"]["nodes"]) == N and not summary["failed"]
+    assert (out / "audit.json").is_file()
+
+
+def test_killed_peer_is_recorded_and_the_run_still_ends(tmp_path):
+    """Kill one peer after step 2: its neighbours record it, finish, and the audit accounts for it."""
+    out = tmp_path / "kill"
+    cfg = config.load(
+        None,
+        ["protocol.steps=12", "network.deadline_s=3", "protocol.accelerated=false"],
+    )
+    local.prepare_run_dir(cfg, out)
+    victim = 3
+
+    def on_event(node, ev, pid):
+        # SIGKILL the victim as soon as it reports having completed step 2.
+        if node == victim and ev.get("event") == "step" and ev.get("step") == 2:
+            os.kill(pid, signal.SIGKILL)
+
+    async def main():
+        return await local.launch_peers(
+            cfg, out, show_progress=False, timeout_s=180, on_event=on_event
+        )
+
+    run = asyncio.run(main())
+    codes = {o.node: o.returncode for o in run.outcomes}
+    assert codes[victim] == -signal.SIGKILL
+    assert all(c == 0 for v, c in codes.items() if v != victim), run.outcomes
+    for w in (victim - 1, victim + 1):
+        vl = read_viewlog(out / "logs" / f"node-{w}.vlog")
+        misses = [r for r in vl.records if r["k"] == "miss" and r["peer"] == victim]
+        assert misses, f"node {w} did not record the dropout"
+        assert {r["reason"] for r in misses} <= {"peer-down", "deadline"}
+    rep = audit.audit_run(out)
+    assert rep["fault_free"] is False
+    assert any(f["node"] == victim and f["kind"] == "unfinished" for f in rep["integrity"])
+    # The survivors' audit is computed on the realised schedule; losses stay within LDP.
+    ldp = rep["ldp"]["rdp"]
+    for o in rep["observers"]:
+        for x in o["losses"]:
+            if x["method"] == "exact":
+                assert 0 <= x["rdp"] <= ldp * (1 + 1e-9)
