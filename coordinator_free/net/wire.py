@@ -1,0 +1,275 @@
+"""The message envelope carried inside an encrypted channel frame.
+
+A :class:`Message` is encoded as one msgpack map with exactly these fields::
+
+    {"v": 1, "kind": str, "round": int, "step": int, "payload": ndarray | nil, "meta": map}
+
+``payload`` travels as the codec's array extension (dtype, shape, raw C-order bytes), so a
+float64 vector of ``d`` entries costs ``8 d`` bytes plus a header of a few dozen bytes. Encoding
+makes one copy of the array data into the msgpack buffer (none for the contiguous-array
+conversion when the array is already C-contiguous and little-endian); decoding returns a
+**read-only** array that is a view on the buffer msgpack hands to the extension decoder, so no
+further copy is made. Copy it (``np.array(msg.payload)``) before modifying it.
+
+Decoding is strict: anything that is not exactly a version-1 envelope with well-typed fields
+raises :class:`WireError` naming the offending field. The encoded size is bounded by
+``max_size`` (default :data:`MAX_MESSAGE_SIZE`, 64 MiB) on both sides; the transport passes its
+frame limit so that a message that fits the wire also fits a frame.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import codec
+
+__all__ = [
+    "ALLOWED_KINDS",
+    "MAX_MESSAGE_SIZE",
+    "MAX_META_DEPTH",
+    "MAX_STEP",
+    "WIRE_VERSION",
+    "Message",
+    "WireError",
+    "decode_message",
+    "encode_message",
+    "register_kind",
+]
+
+WIRE_VERSION = 1
+MAX_MESSAGE_SIZE = 64 << 20
+#: Largest round or step number (they must fit a signed 64-bit integer in logs).
+MAX_STEP = (1 << 63) - 1
+#: Nesting limit for lists and maps inside ``meta``.
+MAX_META_DEPTH = 4
+
+_KIND_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
+_FIELDS = frozenset({"v", "kind", "round", "step", "payload", "meta"})
+_INT_MIN = -(1 << 63)
+_INT_MAX = (1 << 64) - 1  # the msgpack integer range
+
+#: Message kinds accepted by :func:`decode_message` and :class:`Message`. Extend it with
+#: :func:`register_kind`; read it as ``wire.ALLOWED_KINDS`` (the name is rebound on extension).
+ALLOWED_KINDS: frozenset[str] = frozenset({"value", "done", "abort", "token"})
+
+
+class WireError(ValueError):
+    """Bytes or fields that do not form a valid message envelope."""
+
+
+def register_kind(kind: str) -> None:
+    """Allow messages of ``kind`` (a short lower-case identifier). Idempotent."""
+    global ALLOWED_KINDS
+    if not isinstance(kind, str) or not _KIND_RE.fullmatch(kind):
+        raise WireError(
+            f"kind {kind!r} is not a short identifier (lower-case letter, then up to 31 of "
+            "[a-z0-9_])"
+        )
+    if kind not in ALLOWED_KINDS:
+        ALLOWED_KINDS = ALLOWED_KINDS | {kind}
+
+
+def _check_kind(kind: Any) -> str:
+    if not isinstance(kind, str):
+        raise WireError(f"field 'kind' must be a string, got {type(kind).__name__}")
+    if not _KIND_RE.fullmatch(kind):
+        raise WireError(f"field 'kind' {kind[:40]!r} is not a short identifier")
+    if kind not in ALLOWED_KINDS:
+        raise WireError(
+            f"field 'kind' {kind!r} is not a registered message kind "
+            f"(known: {', '.join(sorted(ALLOWED_KINDS))})"
+        )
+    return kind
+
+
+def _check_counter(name: str, value: Any) -> int:
+    if isinstance(value, np.integer) and not isinstance(value, np.bool_):
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise WireError(f"field {name!r} must be an integer, got {type(value).__name__}")
+    if not 0 <= value <= MAX_STEP:
+        raise WireError(f"field {name!r} must be in 0..2**63-1, got {value}")
+    return value
+
+
+def _check_payload(payload: Any) -> np.ndarray | None:
+    if payload is None:
+        return None
+    if not isinstance(payload, np.ndarray):
+        raise WireError(
+            f"field 'payload' must be a numpy array or None, got {type(payload).__name__}"
+        )
+    dtype = payload.dtype
+    if dtype.byteorder == ">":
+        dtype = dtype.newbyteorder("<")
+    if dtype.str not in codec.ALLOWED_DTYPES:
+        raise WireError(
+            f"field 'payload' has dtype {payload.dtype.str!r}; allowed: "
+            f"{', '.join(sorted(codec.ALLOWED_DTYPES))}"
+        )
+    if payload.ndim == 0:
+        # The codec encodes through np.ascontiguousarray, which turns 0-d arrays into shape (1,).
+        raise WireError("field 'payload' is a 0-d array; send shape (1,) instead")
+    if payload.ndim > codec.MAX_ARRAY_DIMS:
+        raise WireError(
+            f"field 'payload' has {payload.ndim} dimensions; at most {codec.MAX_ARRAY_DIMS}"
+        )
+    return payload
+
+
+def _plain(value: Any, where: str, depth: int) -> Any:
+    """A normalised copy of a plain meta value; WireError naming ``where`` otherwise."""
+    if value is None or isinstance(value, str | bytes):
+        return value
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    if isinstance(value, int | np.integer):
+        value = int(value)
+        if not _INT_MIN <= value <= _INT_MAX:
+            raise WireError(f"{where} integer {value} is outside the 64-bit range")
+        return value
+    if isinstance(value, float | np.floating):
+        return float(value)
+    if isinstance(value, list | tuple | Mapping):
+        if depth >= MAX_META_DEPTH:
+            raise WireError(f"{where} nests deeper than {MAX_META_DEPTH} levels")
+        if isinstance(value, Mapping):
+            return _plain_map(value, where, depth + 1)
+        return [_plain(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
+    raise WireError(
+        f"{where} has type {type(value).__name__}; meta holds only None, bool, int, float, str, "
+        "bytes, lists and str-keyed maps"
+    )
+
+
+def _plain_map(value: Mapping, where: str, depth: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        if not isinstance(k, str):
+            raise WireError(f"{where} has a key of type {type(k).__name__}; keys must be str")
+        out[k] = _plain(v, f"{where}[{k[:40]!r}]", depth)
+    return out
+
+
+def _check_meta(meta: Any) -> dict[str, Any]:
+    if not isinstance(meta, Mapping):
+        raise WireError(f"field 'meta' must be a map, got {type(meta).__name__}")
+    return _plain_map(meta, "field 'meta'", 0)
+
+
+def _canonical(arr: np.ndarray) -> np.ndarray:
+    return arr.astype(arr.dtype.newbyteorder("<"), copy=False)
+
+
+@dataclass(frozen=True)
+class Message:
+    """One protocol message. Fields are validated on construction (:class:`WireError`).
+
+    ``round``/``step`` accept numpy integers (stored as ``int``); ``meta`` is copied into a plain
+    dict (tuples become lists, numpy scalars become Python numbers), so later changes to the
+    caller's dict do not alter the message. Equality compares payloads bit for bit (dtype, shape
+    and bytes, so NaN equals NaN), after normalising byte order.
+    """
+
+    kind: str
+    round: int
+    step: int
+    payload: np.ndarray | None = None
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", _check_kind(self.kind))
+        object.__setattr__(self, "round", _check_counter("round", self.round))
+        object.__setattr__(self, "step", _check_counter("step", self.step))
+        object.__setattr__(self, "payload", _check_payload(self.payload))
+        object.__setattr__(self, "meta", _check_meta(self.meta))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Message):
+            return NotImplemented
+        if (self.kind, self.round, self.step, self.meta) != (
+            other.kind,
+            other.round,
+            other.step,
+            other.meta,
+        ):
+            return False
+        a, b = self.payload, other.payload
+        if a is None or b is None:
+            return a is None and b is None
+        a, b = _canonical(a), _canonical(b)
+        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+    __hash__ = None  # type: ignore[assignment]  # payload and meta are mutable containers
+
+
+def encode_message(msg: Message, *, max_size: int = MAX_MESSAGE_SIZE) -> bytes:
+    """The envelope bytes of ``msg``; :class:`WireError` if they would exceed ``max_size``."""
+    if not isinstance(msg, Message):
+        raise TypeError(f"expected a Message, got {type(msg).__name__}")
+    if msg.payload is not None and msg.payload.nbytes > max_size:
+        raise WireError(
+            f"field 'payload' has {msg.payload.nbytes} bytes, over the message limit {max_size}"
+        )
+    data = codec.pack(
+        {
+            "v": WIRE_VERSION,
+            "kind": msg.kind,
+            "round": msg.round,
+            "step": msg.step,
+            "payload": msg.payload,
+            "meta": msg.meta,
+        }
+    )
+    if len(data) > max_size:
+        raise WireError(f"encoded message is {len(data)} bytes, over the limit {max_size}")
+    return data
+
+
+def decode_message(
+    data: bytes | bytearray | memoryview, *, max_size: int = MAX_MESSAGE_SIZE
+) -> Message:
+    """Parse envelope bytes strictly; every defect raises :class:`WireError`."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise TypeError(f"expected bytes, got {type(data).__name__}")
+    if len(data) > max_size:
+        raise WireError(f"message of {len(data)} bytes exceeds the limit {max_size}")
+    try:
+        obj = codec.unpack(data)
+    except codec.CodecError as exc:
+        raise WireError(f"not a valid envelope: {exc}") from None
+    if not isinstance(obj, dict):
+        raise WireError(f"envelope must be a map, got {type(obj).__name__}")
+    if "v" not in obj:
+        raise WireError("envelope has no version field 'v'")
+    version = obj["v"]
+    if type(version) is not int or version != WIRE_VERSION:
+        raise WireError(
+            f"field 'v' is {repr(version)[:40]}; this node speaks version {WIRE_VERSION}"
+        )
+    keys = set(obj)
+    missing = _FIELDS - keys
+    if missing:
+        raise WireError(f"envelope lacks field(s) {', '.join(sorted(map(repr, missing)))}")
+    extra = keys - _FIELDS
+    if extra:
+        shown = ", ".join(sorted(repr(k)[:40] for k in extra))
+        raise WireError(f"envelope has unknown field(s) {shown}")
+    meta = obj["meta"]
+    if not isinstance(meta, dict):
+        raise WireError(f"field 'meta' must be a map, got {type(meta).__name__}")
+    for name in ("round", "step"):
+        value = obj[name]
+        if type(value) is not int:  # rejects bool, which msgpack keeps distinct from int
+            raise WireError(f"field {name!r} must be an integer, got {type(value).__name__}")
+    payload = obj["payload"]
+    if payload is not None and not isinstance(payload, np.ndarray):
+        raise WireError(f"field 'payload' must be an array or nil, got {type(payload).__name__}")
+    return Message(
+        kind=obj["kind"], round=obj["round"], step=obj["step"], payload=obj["payload"], meta=meta
+    )

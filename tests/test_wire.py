@@ -1,0 +1,303 @@
+"""Message envelope: exact round-trips, strict decoding, and fuzzing (only WireError escapes)."""
+
+from __future__ import annotations
+
+import random
+
+import msgpack
+import numpy as np
+import pytest
+
+from coordinator_free import codec
+from coordinator_free.net import wire
+from coordinator_free.net.wire import (
+    MAX_MESSAGE_SIZE,
+    Message,
+    WireError,
+    decode_message,
+    encode_message,
+    register_kind,
+)
+
+
+def _envelope(**over) -> dict:
+    env = {"v": 1, "kind": "value", "round": 3, "step": 7, "payload": None, "meta": {}}
+    env.update(over)
+    return env
+
+
+def _raw(env: dict) -> bytes:
+    return codec.pack(env)
+
+
+# --------------------------------------------------------------------------- round trips
+
+
+@pytest.mark.parametrize("dtype", ["<f8", "<f4", "<i8", "<i4", "|i1", "<u2", "|b1"])
+@pytest.mark.parametrize("shape", [(0,), (1,), (5,), (3, 4), (2, 3, 4)])
+def test_array_round_trip(dtype, shape):
+    rng = np.random.default_rng(0)
+    arr = np.asarray(rng.standard_normal(shape) * 100).astype(dtype)
+    msg = Message(kind="value", round=2, step=9, payload=arr, meta={"sigma": 0.5})
+    out = decode_message(encode_message(msg))
+    assert out == msg
+    assert out.payload.dtype == np.dtype(dtype)
+    assert out.payload.shape == shape
+    assert np.array_equal(out.payload, arr)
+
+
+def test_none_payload_and_meta_round_trip():
+    meta = {
+        "a": 1,
+        "neg": -(2**63),
+        "big": 2**64 - 1,
+        "f": 1.5,
+        "s": "x",
+        "b": b"\x00\xff",
+        "n": None,
+        "t": True,
+        "path": [1, 2, [3, "four"]],
+        "nested": {"k": {"j": [0.25]}},
+    }
+    msg = Message(kind="done", round=0, step=0, meta=meta)
+    out = decode_message(encode_message(msg))
+    assert out == msg
+    assert out.payload is None
+    assert out.meta == meta
+    assert type(out.meta["t"]) is bool and type(out.meta["a"]) is int
+
+
+def test_nan_and_big_endian_payloads_compare_bitwise():
+    arr = np.array([np.nan, -0.0, np.inf])
+    msg = Message(kind="value", round=0, step=0, payload=arr)
+    assert decode_message(encode_message(msg)) == msg
+    be = np.arange(6, dtype=">i4").reshape(2, 3)
+    out = decode_message(encode_message(Message(kind="value", round=0, step=0, payload=be)))
+    assert out.payload.dtype == np.dtype("<i4")
+    assert np.array_equal(out.payload, be)
+
+
+def test_non_contiguous_payload_and_numpy_scalars():
+    arr = np.arange(24.0).reshape(4, 6)[:, ::2]
+    msg = Message(
+        kind="value",
+        round=np.int64(4),
+        step=np.uint8(2),
+        payload=arr,
+        meta={"x": np.float32(0.5), "i": np.int16(-3), "ok": np.bool_(True), "tup": (1, 2)},
+    )
+    assert type(msg.round) is int and msg.round == 4
+    assert msg.meta == {"x": 0.5, "i": -3, "ok": True, "tup": [1, 2]}
+    out = decode_message(encode_message(msg))
+    assert out == msg
+    assert np.array_equal(out.payload, arr)
+
+
+def test_decoded_payload_is_read_only_view():
+    out = decode_message(encode_message(Message("value", 0, 0, payload=np.ones(3))))
+    assert not out.payload.flags.writeable
+
+
+def test_meta_is_copied():
+    meta = {"a": [1]}
+    msg = Message("value", 0, 0, meta=meta)
+    meta["a"].append(2)
+    meta["b"] = 1
+    assert msg.meta == {"a": [1]}
+
+
+def test_equality():
+    a = Message("value", 1, 2, payload=np.arange(3.0))
+    assert a == Message("value", 1, 2, payload=np.arange(3.0))
+    assert a != Message("value", 1, 2, payload=np.arange(3.0).astype("<f4"))
+    assert a != Message("value", 1, 2, payload=np.arange(3.0).reshape(3, 1))
+    assert a != Message("value", 1, 2)
+    assert a != Message("value", 1, 3, payload=np.arange(3.0))
+    with pytest.raises(TypeError):
+        hash(a)
+
+
+# --------------------------------------------------------------------------- kinds
+
+
+def test_register_kind_extends_allowed_set():
+    assert {"value", "done", "abort"} <= wire.ALLOWED_KINDS
+    with pytest.raises(WireError, match="not a registered message kind"):
+        Message("test_extra_kind", 0, 0)
+    data = _raw(_envelope(kind="test_extra_kind"))
+    with pytest.raises(WireError, match="kind"):
+        decode_message(data)
+    register_kind("test_extra_kind")
+    register_kind("test_extra_kind")  # idempotent
+    assert "test_extra_kind" in wire.ALLOWED_KINDS
+    assert decode_message(data).kind == "test_extra_kind"
+
+
+@pytest.mark.parametrize("bad", ["", "Value", "1abc", "a-b", "a" * 33, "ka ind", 5, None])
+def test_register_kind_rejects_non_identifiers(bad):
+    with pytest.raises(WireError, match="identifier"):
+        register_kind(bad)
+
+
+# --------------------------------------------------------------------------- construction
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"kind": 1}, "kind"),
+        ({"kind": "nope"}, "kind"),
+        ({"kind": "BAD KIND"}, "kind"),
+        ({"round": True}, "round"),
+        ({"round": -1}, "round"),
+        ({"round": 2**63}, "round"),
+        ({"round": 1.0}, "round"),
+        ({"step": "3"}, "step"),
+        ({"step": False}, "step"),
+        ({"payload": [1.0, 2.0]}, "payload"),
+        ({"payload": np.array(["a"])}, "payload"),
+        ({"payload": np.array([1 + 2j])}, "payload"),
+        ({"payload": np.zeros((1,) * 9)}, "payload"),
+        ({"payload": np.array(1.0)}, "payload.*0-d"),
+        ({"meta": [1]}, "meta"),
+        ({"meta": {1: 2}}, "meta"),
+        ({"meta": {"a": np.zeros(2)}}, "meta"),
+        ({"meta": {"a": object()}}, "meta"),
+        ({"meta": {"a": 2**64}}, "meta"),
+        ({"meta": {"a": [[[[[1]]]]]}}, "meta"),
+    ],
+)
+def test_constructor_rejects_bad_fields(kwargs, field):
+    args = {"kind": "value", "round": 0, "step": 0} | kwargs
+    with pytest.raises(WireError, match=field):
+        Message(**args)
+
+
+def test_encode_size_limit():
+    msg = Message("value", 0, 0, payload=np.zeros(1000))
+    assert len(encode_message(msg, max_size=9000)) <= 9000
+    with pytest.raises(WireError, match="payload.*8000 bytes"):
+        encode_message(msg, max_size=7999)
+    with pytest.raises(WireError, match="over the limit"):
+        encode_message(msg, max_size=8001)
+    with pytest.raises(TypeError):
+        encode_message({"kind": "value"})  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- strict decoding
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (b"", "not a valid envelope"),
+        (b"\xc1", "not a valid envelope"),
+        (msgpack.packb([1, 2, 3]), "must be a map"),
+        (msgpack.packb("value"), "must be a map"),
+        (_raw({k: v for k, v in _envelope().items() if k != "v"}), "version"),
+        (_raw(_envelope(v=2)), "'v' is 2"),
+        (_raw(_envelope(v=True)), "'v' is True"),
+        (_raw(_envelope(v="1")), "'v'"),
+        (_raw({k: v for k, v in _envelope().items() if k != "meta"}), "lacks field.*'meta'"),
+        (_raw({k: v for k, v in _envelope().items() if k != "step"}), "lacks field.*'step'"),
+        (_raw(_envelope(extra=1)), "unknown field.*'extra'"),
+        (_raw(_envelope(kind=7)), "'kind' must be a string"),
+        (_raw(_envelope(kind="nope")), "'kind' 'nope' is not a registered"),
+        (_raw(_envelope(kind="Bad Kind!")), "not a short identifier"),
+        (_raw(_envelope(round=True)), "'round' must be an integer, got bool"),
+        (_raw(_envelope(round=-1)), "'round' must be in"),
+        (_raw(_envelope(round=2**64 - 1)), "'round' must be in"),
+        (_raw(_envelope(step=1.0)), "'step' must be an integer, got float"),
+        (_raw(_envelope(step=None)), "'step' must be an integer"),
+        (_raw(_envelope(payload=b"\x00" * 8)), "'payload' must be an array or nil, got bytes"),
+        (_raw(_envelope(payload=[1.0])), "'payload' must be an array or nil, got list"),
+        (_raw(_envelope(meta=[])), "'meta' must be a map"),
+        (_raw(_envelope(meta={"a": np.zeros(2)})), "meta.*'a'.*ndarray"),
+        (msgpack.packb(_envelope(meta={b"k": 1}), use_bin_type=True), "key of type bytes"),
+        (msgpack.packb({**_envelope(), b"v2": 1}, use_bin_type=True), "unknown field"),
+        (_raw(_envelope(meta={"a": [[[[[1]]]]]})), "nests deeper"),
+        (_raw(_envelope()) + b"\x00", "not a valid envelope"),
+        (msgpack.packb(msgpack.ExtType(5, b"")), "not a valid envelope"),
+    ],
+)
+def test_decode_rejects(data, match):
+    with pytest.raises(WireError, match=match):
+        decode_message(data)
+
+
+def test_decode_rejects_bad_array_ext():
+    header = msgpack.packb(["<f8", [3]])
+    bad = msgpack.packb(
+        {**_envelope(), "payload": msgpack.ExtType(codec.ARRAY_EXT, header + b"\x00" * 23)},
+        use_bin_type=True,
+    )
+    with pytest.raises(WireError, match="array body"):
+        decode_message(bad)
+    header = msgpack.packb(["|O", [1]])
+    bad = msgpack.packb(
+        {**_envelope(), "payload": msgpack.ExtType(codec.ARRAY_EXT, header + b"\x00" * 8)},
+        use_bin_type=True,
+    )
+    with pytest.raises(WireError, match="not allowed"):
+        decode_message(bad)
+
+
+def test_decode_size_limit():
+    data = encode_message(Message("value", 0, 0, payload=np.zeros(100)))
+    assert decode_message(data, max_size=len(data)).payload.shape == (100,)
+    with pytest.raises(WireError, match="exceeds the limit"):
+        decode_message(data, max_size=len(data) - 1)
+    assert MAX_MESSAGE_SIZE == 64 << 20
+
+
+def test_decode_accepts_bytearray_and_memoryview():
+    data = encode_message(Message("abort", 1, 1, meta={"why": "x"}))
+    assert decode_message(bytearray(data)) == decode_message(memoryview(data))
+
+
+# --------------------------------------------------------------------------- fuzzing
+
+
+def _valid_samples() -> list[bytes]:
+    rng = np.random.default_rng(1)
+    return [
+        encode_message(Message("value", 1, 2, payload=rng.standard_normal(5))),
+        encode_message(Message("done", 0, 0, meta={"a": [1, "b", {"c": None}]})),
+        encode_message(Message("token", 9, 3, payload=np.arange(6, dtype="<i4").reshape(2, 3))),
+    ]
+
+
+def _check_only_wire_error(data: bytes) -> None:
+    try:
+        msg = decode_message(data)
+    except WireError:
+        return
+    # Anything that decodes must be a well-formed message that re-encodes to the same meaning.
+    assert isinstance(msg, Message)
+    assert decode_message(encode_message(msg)) == msg
+
+
+def test_fuzz_random_bytes():
+    rnd = random.Random(1234)
+    for _ in range(3000):
+        _check_only_wire_error(rnd.randbytes(rnd.randrange(0, 64)))
+
+
+def test_fuzz_mutations_of_valid_encodings():
+    rnd = random.Random(99)
+    samples = _valid_samples()
+    for _ in range(4000):
+        data = bytearray(rnd.choice(samples))
+        op = rnd.randrange(4)
+        if op == 0:  # flip bytes
+            for _ in range(rnd.randrange(1, 4)):
+                data[rnd.randrange(len(data))] = rnd.randrange(256)
+        elif op == 1:  # truncate
+            del data[rnd.randrange(len(data)) :]
+        elif op == 2:  # insert random bytes
+            pos = rnd.randrange(len(data) + 1)
+            data[pos:pos] = rnd.randbytes(rnd.randrange(1, 5))
+        else:  # delete a slice
+            start = rnd.randrange(len(data))
+            del data[start : start + rnd.randrange(1, 6)]
+        _check_only_wire_error(bytes(data))
