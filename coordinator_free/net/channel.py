@@ -1,0 +1,739 @@
+"""Sans-IO secure channel: mutual authentication against a pinned roster, AEAD frames.
+
+No sockets and no event loop here: a :class:`SecureChannel` is fed the bytes that arrived
+(:meth:`SecureChannel.receive_data`), returns events, and queues the bytes to send
+(:meth:`SecureChannel.data_to_send`). The design, message layouts, key schedule and the reason
+for every check are in ``docs/security.md``; in short:
+
+* handshake (4 messages, fixed sizes)::
+
+      M1  I -> R   preamble(8) | initiator id u32 | responder id u32 | run tag(16) | e_i(32)
+      M2  R -> I   e_r(32) | tag2(16)     proves R holds s_r      (ee, es)
+      M3  I -> R   tag3(16)               proves I holds s_i      (ee, es, se)
+      M4  R -> I   tag4(16)               R accepted I; keys confirmed
+
+  Every tag is a ChaCha20-Poly1305 tag over the empty plaintext with the running transcript hash
+  as associated data, under a key HKDF-SHA256 derives from the DH results so far, salted with
+  that transcript hash (which starts from the protocol name and the run id).
+
+* frames::
+
+      length u32 BE | type u8 | seq u64 BE | ciphertext(length bytes, 16-byte tag included)
+
+  nonce = 4 zero bytes | seq (64-bit BE), one key per direction, AAD = the 13-byte header. The
+  explicit ``seq`` must equal the receiver's counter, so replays and reordering are named as such
+  before decryption; the AEAD tag then covers the header.
+
+Any failure raises a :class:`ChannelError` subclass and leaves the channel dead; later calls raise
+:class:`ChannelClosed` quoting the original cause.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+__all__ = [
+    "AuthenticationError",
+    "ChannelClosed",
+    "ChannelError",
+    "ControlReceived",
+    "CounterExhausted",
+    "DEFAULT_MAX_FRAME",
+    "DupAction",
+    "Event",
+    "FrameError",
+    "FrameTooLarge",
+    "HEADER_SIZE",
+    "HandshakeComplete",
+    "HandshakeError",
+    "M1_SIZE",
+    "MAX_NODE_ID",
+    "MAX_SEQ",
+    "MessageReceived",
+    "PeerRejected",
+    "SecureChannel",
+    "TAG_SIZE",
+    "dup_dial_action",
+    "edge_leader",
+    "run_tag",
+]
+
+PROTOCOL_NAME = b"coordinator-free channel v1: X25519, HKDF-SHA256, ChaCha20-Poly1305"
+MAGIC = b"CFCH"
+VERSION = 1
+PREAMBLE = MAGIC + VERSION.to_bytes(2, "big") + b"\x00\x00"
+RUN_TAG_LABEL = b"coordinator-free run tag v1"
+
+KEY_SIZE = 32
+TAG_SIZE = 16
+RUN_TAG_SIZE = 16
+MAX_NODE_ID = (1 << 32) - 1
+MAX_SEQ = (1 << 64) - 1
+DEFAULT_MAX_FRAME = 64 << 20
+
+_IDS = struct.Struct(">II")
+_HEADER = struct.Struct(">IBQ")
+HEADER_SIZE = _HEADER.size  # 13
+M1_SIZE = len(PREAMBLE) + _IDS.size + RUN_TAG_SIZE + KEY_SIZE  # 64
+M2_SIZE = KEY_SIZE + TAG_SIZE  # 48
+M3_SIZE = TAG_SIZE
+M4_SIZE = TAG_SIZE
+
+FRAME_DATA = 0
+FRAME_CONTROL = 1
+_ZERO_NONCE = bytes(12)
+
+
+# --------------------------------------------------------------------------- errors and events
+
+
+class ChannelError(Exception):
+    """The channel failed and is dead.
+
+    ``events`` holds the events decoded from the same :meth:`SecureChannel.receive_data` call
+    before the failure (authentic data that preceded the bad bytes), so a driver can still
+    deliver them.
+    """
+
+    events: tuple[Event, ...] = ()
+
+
+class HandshakeError(ChannelError):
+    """The handshake could not complete (malformed bytes, early close, invalid key)."""
+
+
+class PeerRejected(HandshakeError):
+    """The initiator is not acceptable: unknown id, not allowed, wrong target, other run, version."""
+
+
+class AuthenticationError(HandshakeError):
+    """The other side did not prove possession of the static key the roster pins for it."""
+
+
+class FrameError(ChannelError):
+    """A frame after the handshake was tampered with, replayed, reordered or truncated."""
+
+
+class FrameTooLarge(FrameError):
+    """A frame's length prefix exceeds ``max_frame``; refused before reading the body."""
+
+
+class CounterExhausted(ChannelError):
+    """The 64-bit send counter is used up; sending more would reuse a nonce."""
+
+
+class ChannelClosed(ChannelError):
+    """The channel was already dead or closed when it was used."""
+
+
+@dataclass(frozen=True)
+class HandshakeComplete:
+    """Both sides are authenticated; ``peer_id`` is the roster id of the other side."""
+
+    peer_id: int
+
+
+@dataclass(frozen=True)
+class MessageReceived:
+    """One authentic data frame's plaintext."""
+
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class ControlReceived:
+    """One authentic control frame's plaintext (used by the transport for connection choice)."""
+
+    payload: bytes
+
+
+Event = HandshakeComplete | MessageReceived | ControlReceived
+
+
+# --------------------------------------------------------------------------- dup-dial rule
+
+
+def edge_leader(a: int, b: int) -> int:
+    """The node that decides which connection carries the edge ``{a, b}``: the lower id."""
+    if a == b:
+        raise ValueError(f"an edge needs two distinct nodes, got {a} twice")
+    return min(a, b)
+
+
+class DupAction(Enum):
+    """What to do with a connection that has just completed its handshake."""
+
+    SELECT = "select"  # leader: use it and announce it with a select control frame
+    DROP = "drop"  # leader: the edge already has a connection; close this one
+    AWAIT_SELECT = "await_select"  # follower: use it only once the leader selects it
+
+
+def dup_dial_action(local_id: int, peer_id: int, *, edge_has_connection: bool) -> DupAction:
+    """The duplicate-dial rule, as a pure function.
+
+    Both ends may dial each other at once, so an edge can briefly have two authenticated
+    connections. The edge's leader (:func:`edge_leader`) keeps the first connection that
+    completes its handshake at its end, whichever side dialled it, announces the choice in a
+    control frame on that connection, and closes any other. The follower never sends on a
+    connection the leader has not selected, and adopts a connection when the select frame
+    arrives. Exactly one connection survives and both ends agree on it, and since the follower
+    waits for the select frame, no message is ever sent on a connection that is about to be
+    closed as a duplicate.
+    """
+    if edge_leader(local_id, peer_id) == local_id:
+        return DupAction.DROP if edge_has_connection else DupAction.SELECT
+    return DupAction.AWAIT_SELECT
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _raw_public(key: X25519PrivateKey) -> bytes:
+    return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def _hkdf(ikm: bytes, salt: bytes, info: bytes, length: int = KEY_SIZE) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=length, salt=salt, info=info).derive(ikm)
+
+
+def _nonce(seq: int) -> bytes:
+    return b"\x00\x00\x00\x00" + seq.to_bytes(8, "big")
+
+
+def run_tag(run_id: bytes) -> bytes:
+    """The 16-byte run digest sent in M1, so peers of different runs refuse each other clearly."""
+    return hashlib.sha256(RUN_TAG_LABEL + run_id).digest()[:RUN_TAG_SIZE]
+
+
+def _check_id(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_NODE_ID:
+        raise ValueError(f"{name} must be an integer in 0..{MAX_NODE_ID}, got {value!r}")
+    return value
+
+
+class _State(Enum):
+    START = "start"  # initiator before start()
+    WAIT_M1 = "wait_m1"  # responder
+    WAIT_M2 = "wait_m2"  # initiator
+    WAIT_M3 = "wait_m3"  # responder
+    WAIT_M4 = "wait_m4"  # initiator
+    ESTABLISHED = "established"
+    CLOSED = "closed"
+
+
+# --------------------------------------------------------------------------- the channel
+
+
+class SecureChannel:
+    """One end of an authenticated, encrypted connection between two roster nodes.
+
+    ``roster_keys`` maps node id -> 32-byte raw X25519 public key and must contain this node
+    with the public half of ``static_key``. An initiator names the node it dials in
+    ``peer_id`` (which must be in the roster); a responder accepts initiators in the roster and,
+    if ``allowed_peers`` is given, in that set. ``run_id`` must be identical on both sides.
+
+    Usage: the initiator calls :meth:`start`; both sides move :meth:`data_to_send` to the
+    socket and feed arrived bytes to :meth:`receive_data` (any split or coalescing is fine),
+    which returns :class:`HandshakeComplete` once, then :class:`MessageReceived` /
+    :class:`ControlReceived` in order. :meth:`bytes_needed` says how many more bytes the next
+    step needs, which suits ``readexactly`` drivers; :meth:`receive_eof` reports a close.
+    """
+
+    def __init__(
+        self,
+        *,
+        local_id: int,
+        static_key: X25519PrivateKey,
+        roster_keys: Mapping[int, bytes],
+        run_id: bytes,
+        initiator: bool,
+        peer_id: int | None = None,
+        allowed_peers: Collection[int] | None = None,
+        max_frame: int = DEFAULT_MAX_FRAME,
+    ) -> None:
+        self._local_id = _check_id("local_id", local_id)
+        if not isinstance(static_key, X25519PrivateKey):
+            raise TypeError(
+                f"static_key must be an X25519PrivateKey, got {type(static_key).__name__}"
+            )
+        if not isinstance(run_id, bytes | bytearray) or not run_id:
+            raise ValueError("run_id must be non-empty bytes")
+        if not isinstance(max_frame, int) or isinstance(max_frame, bool) or max_frame <= TAG_SIZE:
+            raise ValueError(f"max_frame must be an integer > {TAG_SIZE}, got {max_frame!r}")
+        if max_frame > 0xFFFFFFFF:
+            raise ValueError(f"max_frame {max_frame} does not fit the 32-bit length prefix")
+        keys: dict[int, bytes] = {}
+        for nid, pub in roster_keys.items():
+            _check_id("roster node id", nid)
+            if not isinstance(pub, bytes | bytearray) or len(pub) != KEY_SIZE:
+                raise ValueError(f"roster key of node {nid} must be {KEY_SIZE} raw bytes")
+            keys[nid] = bytes(pub)
+        self._static = static_key
+        self._static_pub = _raw_public(static_key)
+        if keys.get(local_id) != self._static_pub:
+            raise ValueError(
+                f"static_key does not match the roster key of node {local_id}"
+                if local_id in keys
+                else f"node {local_id} is not in the roster"
+            )
+        self._roster = keys
+        self._run_id = bytes(run_id)
+        self._initiator = bool(initiator)
+        self._allowed = None if allowed_peers is None else frozenset(allowed_peers)
+        self._max_frame = max_frame
+        if self._initiator:
+            if peer_id is None:
+                raise ValueError("an initiator must name the node it dials (peer_id)")
+            _check_id("peer_id", peer_id)
+            if peer_id == local_id:
+                raise ValueError(f"node {local_id} cannot dial itself")
+            if peer_id not in keys:
+                raise ValueError(f"node {peer_id} is not in the roster")
+            if self._allowed is not None and peer_id not in self._allowed:
+                raise ValueError(f"node {peer_id} is not among the allowed peers")
+            self._state = _State.START
+        else:
+            if peer_id is not None:
+                raise ValueError("a responder learns peer_id from the handshake; pass None")
+            self._state = _State.WAIT_M1
+        self._peer_id: int | None = peer_id
+
+        self._buf = bytearray()
+        self._out: list[bytes] = []
+        self._h = hashlib.sha256(PROTOCOL_NAME).digest()
+        self._mix(len(self._run_id).to_bytes(4, "big") + self._run_id)
+        self._ephemeral: X25519PrivateKey | None = None
+        self._peer_ephemeral: X25519PublicKey | None = None
+        self._dh = b""  # concatenated DH results so far (ee | es | se)
+        self._pending_len: int | None = None
+        self._pending_type = 0
+        self._send_aead: ChaCha20Poly1305 | None = None
+        self._recv_aead: ChaCha20Poly1305 | None = None
+        self._send_seq = 0
+        self._recv_seq = 0
+        self.error: ChannelError | None = None
+        self._close_reason = ""
+
+    # ----------------------------------------------------------------- properties
+
+    @property
+    def local_id(self) -> int:
+        return self._local_id
+
+    @property
+    def initiator(self) -> bool:
+        return self._initiator
+
+    @property
+    def peer_id(self) -> int | None:
+        """The other node: for an initiator the node it dials; for a responder the id claimed in
+        the first message (None before it). Authenticated only once :attr:`established`."""
+        return self._peer_id
+
+    @property
+    def established(self) -> bool:
+        return self._state is _State.ESTABLISHED
+
+    @property
+    def closed(self) -> bool:
+        return self._state is _State.CLOSED
+
+    @property
+    def mid_frame(self) -> bool:
+        """True while part of a frame (or handshake message) has arrived but not all of it."""
+        return bool(self._buf)
+
+    @property
+    def frames_sent(self) -> int:
+        return self._send_seq
+
+    @property
+    def frames_received(self) -> int:
+        return self._recv_seq
+
+    # ----------------------------------------------------------------- public API
+
+    def start(self) -> None:
+        """Initiator: queue M1. A responder has nothing to start; calling it there is a no-op."""
+        if not self._initiator:
+            return
+        if self._state is not _State.START:
+            raise ChannelClosed("start() may be called once, before any data")
+        assert self._peer_id is not None
+        self._ephemeral = X25519PrivateKey.generate()
+        m1 = (
+            PREAMBLE
+            + _IDS.pack(self._local_id, self._peer_id)
+            + run_tag(self._run_id)
+            + _raw_public(self._ephemeral)
+        )
+        self._mix(m1)
+        self._mix(self._roster[self._peer_id])
+        self._out.append(m1)
+        self._state = _State.WAIT_M2
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> list[Event]:
+        """Consume arrived bytes; return the events they complete, in order.
+
+        Raises a :class:`ChannelError` subclass on any defect; the channel is then dead.
+        """
+        if self._state is _State.CLOSED:
+            raise ChannelClosed(f"channel is closed ({self._close_reason})")
+        if self._state is _State.START:
+            self._fail(HandshakeError("received data before the handshake started"), [])
+        self._buf += data
+        events: list[Event] = []
+        try:
+            while self._step(events):
+                pass
+        except ChannelError as exc:
+            self._fail(exc, events)
+        except Exception as exc:  # defensive: malformed input must never escape as another type
+            self._fail(
+                ChannelError(f"internal error while parsing input: {type(exc).__name__}: {exc}"),
+                events,
+            )
+        return events
+
+    def receive_eof(self) -> None:
+        """The other side closed. Raises if that cut a handshake or a frame short."""
+        if self._state is _State.CLOSED:
+            return
+        if self._state is not _State.ESTABLISHED:
+            self._fail(
+                HandshakeError(
+                    f"connection closed during the handshake ({self._state.value}, "
+                    f"{len(self._buf)} bytes of the next message received)"
+                ),
+                [],
+            )
+        if self._buf:
+            if self._pending_len is None:
+                want = f"a {HEADER_SIZE}-byte header"
+            else:
+                want = f"{HEADER_SIZE + self._pending_len} bytes"
+            self._fail(
+                FrameError(
+                    f"connection closed in the middle of frame {self._recv_seq} "
+                    f"({len(self._buf)} bytes received of {want})"
+                ),
+                [],
+            )
+        self._kill("closed by peer")
+
+    def send(self, payload: bytes | bytearray | memoryview) -> None:
+        """Encrypt ``payload`` as one data frame and queue it."""
+        self._send_frame(FRAME_DATA, payload)
+
+    def send_control(self, payload: bytes) -> None:
+        """Encrypt ``payload`` as one control frame and queue it."""
+        self._send_frame(FRAME_CONTROL, payload)
+
+    def data_to_send(self) -> bytes:
+        """Drain and return the queued outgoing bytes (b"" if none)."""
+        if not self._out:
+            return b""
+        out = self._out[0] if len(self._out) == 1 else b"".join(self._out)
+        self._out.clear()
+        return out
+
+    def bytes_needed(self) -> int:
+        """How many more bytes the next step needs (0 if the channel expects no input now)."""
+        have = len(self._buf)
+        match self._state:
+            case _State.WAIT_M1:
+                return M1_SIZE - have
+            case _State.WAIT_M2:
+                return M2_SIZE - have
+            case _State.WAIT_M3:
+                return M3_SIZE - have
+            case _State.WAIT_M4:
+                return M4_SIZE - have
+            case _State.ESTABLISHED:
+                if self._pending_len is None:
+                    return HEADER_SIZE - have
+                return HEADER_SIZE + self._pending_len - have
+            case _:
+                return 0
+
+    def close(self, reason: str = "closed locally") -> None:
+        """Mark the channel closed and drop its keys. Idempotent."""
+        if self._state is not _State.CLOSED:
+            self._kill(reason)
+
+    # ----------------------------------------------------------------- internals
+
+    def _mix(self, data: bytes) -> None:
+        self._h = hashlib.sha256(self._h + data).digest()
+
+    def _kill(self, reason: str) -> None:
+        self._state = _State.CLOSED
+        self._close_reason = reason
+        self._buf = bytearray()
+        self._send_aead = self._recv_aead = None
+        self._ephemeral = None
+        self._dh = b""
+
+    def _fail(self, exc: ChannelError, events: list[Event]) -> None:
+        exc.events = tuple(events)
+        self.error = exc
+        self._out.clear()
+        self._kill(str(exc))
+        raise exc
+
+    def _take(self, n: int) -> bytes:
+        chunk = bytes(self._buf[:n])
+        del self._buf[:n]
+        return chunk
+
+    def _exchange(self, private: X25519PrivateKey, public: X25519PublicKey, what: str) -> bytes:
+        try:
+            return private.exchange(public)
+        except ValueError:
+            raise HandshakeError(f"{what} is a low-order point (all-zero shared secret)") from None
+
+    def _send_frame(self, ftype: int, payload: bytes | bytearray | memoryview) -> None:
+        if self._state is _State.CLOSED:
+            raise ChannelClosed(f"channel is closed ({self._close_reason})")
+        if self._state is not _State.ESTABLISHED or self._send_aead is None:
+            raise ChannelClosed("cannot send before the handshake is complete")
+        length = len(payload) + TAG_SIZE
+        if length > self._max_frame:
+            raise ValueError(
+                f"payload of {len(payload)} bytes does not fit a frame (max_frame {self._max_frame}, "
+                f"including the {TAG_SIZE}-byte tag)"
+            )
+        seq = self._send_seq
+        if seq > MAX_SEQ:
+            raise CounterExhausted(
+                f"send counter exhausted after {MAX_SEQ + 1} frames; a new connection is needed"
+            )
+        header = _HEADER.pack(length, ftype, seq)
+        ciphertext = self._send_aead.encrypt(_nonce(seq), payload, header)
+        self._send_seq = seq + 1
+        self._out.append(header)
+        self._out.append(ciphertext)
+
+    def _step(self, events: list[Event]) -> bool:
+        """Process one unit of buffered input if complete; True if progress was made."""
+        state = self._state
+        if state is _State.ESTABLISHED:
+            return self._step_frame(events)
+        if state is _State.WAIT_M1:
+            # Reject non-protocol bytes at the first wrong byte rather than after 64 bytes.
+            n = min(len(self._buf), len(MAGIC))
+            if self._buf[:n] != MAGIC[:n]:
+                raise HandshakeError(
+                    f"not a coordinator-free channel: first bytes {bytes(self._buf[:8])!r}"
+                )
+            if len(self._buf) < M1_SIZE:
+                return False
+            self._on_m1(self._take(M1_SIZE))
+            return True
+        if state is _State.WAIT_M2:
+            if len(self._buf) < M2_SIZE:
+                return False
+            self._on_m2(self._take(M2_SIZE))
+            return True
+        if state is _State.WAIT_M3:
+            if len(self._buf) < M3_SIZE:
+                return False
+            events.append(self._on_m3(self._take(M3_SIZE)))
+            return True
+        if state is _State.WAIT_M4:
+            if len(self._buf) < M4_SIZE:
+                return False
+            events.append(self._on_m4(self._take(M4_SIZE)))
+            return True
+        return False
+
+    # Responder: M1 -> M2
+    def _on_m1(self, m1: bytes) -> None:
+        pre = m1[: len(PREAMBLE)]
+        version = int.from_bytes(pre[4:6], "big")
+        if version != VERSION:
+            raise PeerRejected(
+                f"initiator speaks channel version {version}; this node speaks {VERSION}"
+            )
+        if pre != PREAMBLE:
+            raise HandshakeError(f"malformed preamble {pre!r} (reserved bytes must be zero)")
+        off = len(PREAMBLE)
+        claimed, target = _IDS.unpack_from(m1, off)
+        off += _IDS.size
+        tag = m1[off : off + RUN_TAG_SIZE]
+        off += RUN_TAG_SIZE
+        e_i = m1[off : off + KEY_SIZE]
+        self._peer_id = claimed
+        if target != self._local_id:
+            raise PeerRejected(
+                f"initiator (claiming node {claimed}) dialled node {target}, but this is node "
+                f"{self._local_id}"
+            )
+        if not hmac.compare_digest(tag, run_tag(self._run_id)):
+            raise PeerRejected(
+                f"initiator (claiming node {claimed}) belongs to a different run (run id digest "
+                "mismatch)"
+            )
+        if claimed == self._local_id:
+            raise PeerRejected(f"initiator claims to be this node ({claimed})")
+        if claimed not in self._roster:
+            raise PeerRejected(f"initiator claims node id {claimed}, which is not in the roster")
+        if self._allowed is not None and claimed not in self._allowed:
+            raise PeerRejected(f"node {claimed} is not an allowed peer (not a neighbour)")
+        self._peer_ephemeral = X25519PublicKey.from_public_bytes(e_i)
+        self._mix(m1)
+        self._mix(self._static_pub)
+        self._ephemeral = X25519PrivateKey.generate()
+        e_r = _raw_public(self._ephemeral)
+        self._mix(e_r)
+        ee = self._exchange(self._ephemeral, self._peer_ephemeral, "initiator ephemeral key")
+        es = self._exchange(self._static, self._peer_ephemeral, "initiator ephemeral key")
+        self._dh = ee + es
+        k2 = _hkdf(self._dh, self._h, b"cfree/v1 responder proof")
+        tag2 = ChaCha20Poly1305(k2).encrypt(_ZERO_NONCE, b"", self._h)
+        self._mix(tag2)
+        self._out.append(e_r + tag2)
+        self._state = _State.WAIT_M3
+
+    # Initiator: M2 -> M3
+    def _on_m2(self, m2: bytes) -> None:
+        assert self._ephemeral is not None and self._peer_id is not None
+        e_r, tag2 = m2[:KEY_SIZE], m2[KEY_SIZE:]
+        self._peer_ephemeral = X25519PublicKey.from_public_bytes(e_r)
+        self._mix(e_r)
+        ee = self._exchange(self._ephemeral, self._peer_ephemeral, "responder ephemeral key")
+        peer_static = X25519PublicKey.from_public_bytes(self._roster[self._peer_id])
+        es = self._exchange(self._ephemeral, peer_static, "responder roster key")
+        self._dh = ee + es
+        k2 = _hkdf(self._dh, self._h, b"cfree/v1 responder proof")
+        try:
+            ChaCha20Poly1305(k2).decrypt(_ZERO_NONCE, tag2, self._h)
+        except InvalidTag:
+            raise AuthenticationError(
+                f"the responder did not prove it holds node {self._peer_id}'s roster key "
+                "(impostor, wrong roster key, or a different run)"
+            ) from None
+        self._mix(tag2)
+        self._mix(self._static_pub)
+        se = self._exchange(self._static, self._peer_ephemeral, "responder ephemeral key")
+        self._dh += se
+        k3 = _hkdf(self._dh, self._h, b"cfree/v1 initiator proof")
+        tag3 = ChaCha20Poly1305(k3).encrypt(_ZERO_NONCE, b"", self._h)
+        self._mix(tag3)
+        self._out.append(tag3)
+        self._state = _State.WAIT_M4
+
+    # Responder: M3 -> M4, established
+    def _on_m3(self, tag3: bytes) -> HandshakeComplete:
+        assert self._ephemeral is not None and self._peer_id is not None
+        peer_static = self._roster[self._peer_id]
+        self._mix(peer_static)
+        se = self._exchange(
+            self._ephemeral, X25519PublicKey.from_public_bytes(peer_static), "initiator roster key"
+        )
+        self._dh += se
+        k3 = _hkdf(self._dh, self._h, b"cfree/v1 initiator proof")
+        try:
+            ChaCha20Poly1305(k3).decrypt(_ZERO_NONCE, tag3, self._h)
+        except InvalidTag:
+            raise AuthenticationError(
+                f"the initiator claiming node {self._peer_id} did not prove it holds that node's "
+                "roster key"
+            ) from None
+        self._mix(tag3)
+        k4 = self._derive_transport_keys()
+        self._out.append(ChaCha20Poly1305(k4).encrypt(_ZERO_NONCE, b"", self._h))
+        self._state = _State.ESTABLISHED
+        return HandshakeComplete(self._peer_id)
+
+    # Initiator: M4, established
+    def _on_m4(self, tag4: bytes) -> HandshakeComplete:
+        assert self._peer_id is not None
+        k4 = self._derive_transport_keys()
+        try:
+            ChaCha20Poly1305(k4).decrypt(_ZERO_NONCE, tag4, self._h)
+        except InvalidTag:
+            raise AuthenticationError(
+                f"node {self._peer_id}'s handshake confirmation does not verify"
+            ) from None
+        self._state = _State.ESTABLISHED
+        return HandshakeComplete(self._peer_id)
+
+    def _derive_transport_keys(self) -> bytes:
+        okm = _hkdf(self._dh, self._h, b"cfree/v1 transport keys", 3 * KEY_SIZE)
+        k_i2r, k_r2i, k4 = okm[:KEY_SIZE], okm[KEY_SIZE : 2 * KEY_SIZE], okm[2 * KEY_SIZE :]
+        if self._initiator:
+            self._send_aead, self._recv_aead = ChaCha20Poly1305(k_i2r), ChaCha20Poly1305(k_r2i)
+        else:
+            self._send_aead, self._recv_aead = ChaCha20Poly1305(k_r2i), ChaCha20Poly1305(k_i2r)
+        self._ephemeral = None
+        self._peer_ephemeral = None
+        self._dh = b""
+        return k4
+
+    def _step_frame(self, events: list[Event]) -> bool:
+        buf = self._buf
+        if self._pending_len is None:
+            if len(buf) < HEADER_SIZE:
+                return False
+            length, ftype, seq = _HEADER.unpack_from(buf)
+            if length > self._max_frame:
+                raise FrameTooLarge(
+                    f"frame {self._recv_seq} announces {length} bytes, over max_frame "
+                    f"{self._max_frame}; refused before reading it"
+                )
+            if length < TAG_SIZE:
+                raise FrameError(
+                    f"frame {self._recv_seq} announces {length} bytes, shorter than the "
+                    f"{TAG_SIZE}-byte authentication tag"
+                )
+            expected = self._recv_seq
+            if seq != expected:
+                if expected > MAX_SEQ:
+                    raise FrameError("peer sent a frame past the 64-bit counter limit")
+                what = (
+                    "replayed frame or tampered header"
+                    if seq < expected
+                    else "frames missing or reordered, or tampered header"
+                )
+                raise FrameError(f"frame sequence number {seq}, expected {expected}: {what}")
+            self._pending_len = length
+            self._pending_type = ftype
+        length = self._pending_len
+        end = HEADER_SIZE + length
+        if len(buf) < end:
+            return False
+        assert self._recv_aead is not None
+        seq = self._recv_seq
+        with memoryview(buf) as view:
+            header = bytes(view[:HEADER_SIZE])
+            try:
+                plaintext = self._recv_aead.decrypt(_nonce(seq), view[HEADER_SIZE:end], header)
+            except InvalidTag:
+                raise FrameError(
+                    f"frame {seq} ({length} bytes) failed authentication: ciphertext or header "
+                    "tampered, truncated, or encrypted under another key"
+                ) from None
+        del buf[:end]
+        self._recv_seq = seq + 1
+        self._pending_len = None
+        ftype = self._pending_type
+        if ftype == FRAME_DATA:
+            events.append(MessageReceived(plaintext))
+        elif ftype == FRAME_CONTROL:
+            events.append(ControlReceived(plaintext))
+        else:
+            raise FrameError(f"frame {seq} has unknown type {ftype}")
+        return True
