@@ -198,7 +198,9 @@ def test_coalesced_handshake_tail_and_frames(keys, roster):
 
 def test_bytes_needed_guides_exact_reads(keys, roster):
     ini, res = make_pair(keys, roster)
-    assert res.bytes_needed() == M1_SIZE
+    assert res.bytes_needed() == 4  # the magic first, so strangers are refused early
+    res.receive_data(b"CFCH")
+    assert res.bytes_needed() == M1_SIZE - 4
     ini.start()
     assert ini.bytes_needed() == 48
     ini2, res2 = established_pair(keys, roster)

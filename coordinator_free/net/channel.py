@@ -454,7 +454,9 @@ class SecureChannel:
         have = len(self._buf)
         match self._state:
             case _State.WAIT_M1:
-                return M1_SIZE - have
+                # Ask for the magic first, so a driver reading exactly this much rejects a
+                # stranger's bytes at once instead of waiting for a full first message.
+                return len(MAGIC) - have if have < len(MAGIC) else M1_SIZE - have
             case _State.WAIT_M2:
                 return M2_SIZE - have
             case _State.WAIT_M3:

@@ -1,0 +1,822 @@
+"""Thin asyncio shell around :class:`~coordinator_free.net.channel.SecureChannel`.
+
+A :class:`PeerNet` listens for its neighbours, dials them with bounded exponential back-off
+(peers start in any order), authenticates every connection against the roster, keeps exactly one
+channel per edge (:func:`~coordinator_free.net.channel.dup_dial_action`), and turns what arrives
+into events: :class:`Inbound` messages in arrival order, :class:`PeerDown` when a neighbour's
+channel closes or fails, :class:`PeerUp` when a lost neighbour is back.
+
+All crypto and framing decisions live in the sans-IO channel; this module only moves bytes,
+with a deadline on every await that can block progress: connecting, the handshake, the
+leader's choice of connection, the rest of a frame once its header has arrived, draining a send.
+An idle established channel may stay silent as long as it likes (rounds can be long); TCP
+keep-alive is enabled on every socket so a vanished host is eventually noticed.
+
+Connections that fail (non-neighbours, unknown ids, wrong keys, other runs, garbage, oversized
+or tampered frames, malformed messages) are closed and logged on the ``coordinator_free.net``
+logger; the node keeps running, and if the connection was a neighbour's established channel a
+:class:`PeerDown` is emitted. When an established channel drops and ``reconnect`` is on, the
+edge's leader (the lower id) redials with back-off for ``reconnect_timeout`` seconds and a
+:class:`PeerUp` follows if it succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import os
+import random
+import socket
+from collections.abc import Coroutine, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from .channel import (
+    DEFAULT_MAX_FRAME,
+    TAG_SIZE,
+    AuthenticationError,
+    ChannelError,
+    ControlReceived,
+    DupAction,
+    Event,
+    HandshakeError,
+    MessageReceived,
+    SecureChannel,
+    dup_dial_action,
+    edge_leader,
+)
+from .wire import Message, WireError, decode_message, encode_message
+
+__all__ = [
+    "Inbound",
+    "NetEvent",
+    "PeerDown",
+    "PeerGone",
+    "PeerNet",
+    "PeerStats",
+    "PeerUnreachable",
+    "PeerUp",
+]
+
+log = logging.getLogger("coordinator_free.net")
+
+#: Control frame payload with which an edge's leader selects the connection to use.
+SELECT = b"select"
+#: StreamReader buffer limit; readexactly works beyond it, this only sets the read chunking.
+STREAM_LIMIT = 1 << 20
+
+
+# --------------------------------------------------------------------------- events, errors
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """A message from neighbour ``peer``."""
+
+    peer: int
+    message: Message
+
+
+@dataclass(frozen=True)
+class PeerDown:
+    """The channel to neighbour ``peer`` closed or failed; ``reason`` says why."""
+
+    peer: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class PeerUp:
+    """Neighbour ``peer``, earlier reported down, has a channel again."""
+
+    peer: int
+
+
+NetEvent = Inbound | PeerDown | PeerUp
+
+
+class PeerUnreachable(ConnectionError):
+    """:meth:`PeerNet.connect` timed out. ``errors`` maps each missing neighbour to the last
+    error seen while trying to reach it; ``missing`` lists their ids."""
+
+    def __init__(self, errors: Mapping[int, str], timeout: float) -> None:
+        self.errors = dict(sorted(errors.items()))
+        self.missing = list(self.errors)
+        self.timeout = timeout
+        detail = "; ".join(f"node {p}: {e}" for p, e in self.errors.items())
+        super().__init__(
+            f"neighbour(s) {', '.join(map(str, self.missing))} not connected within "
+            f"{timeout:g} s ({detail})"
+        )
+
+
+class PeerGone(ConnectionError):
+    """A send found no working channel to ``peer``."""
+
+    def __init__(self, peer: int, reason: str) -> None:
+        self.peer = peer
+        self.reason = reason
+        super().__init__(f"no channel to node {peer}: {reason}")
+
+
+@dataclass
+class PeerStats:
+    """Traffic with one neighbour. Bytes count everything on the wire (handshakes, framing,
+    control) over connections authenticated as that neighbour; frames count messages."""
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    frames_sent: int = 0
+    frames_received: int = 0
+    dial_attempts: int = 0
+    connections: int = 0  # channels adopted for this edge (1 + reconnections)
+
+
+class _Drop(Exception):
+    """Close a connection for ``reason``; logged at ``level``."""
+
+    def __init__(self, reason: str, level: int = logging.WARNING) -> None:
+        super().__init__(reason)
+        self.level = level
+
+
+# --------------------------------------------------------------------------- connection
+
+
+class _Conn:
+    __slots__ = (
+        "cid",
+        "reader",
+        "writer",
+        "channel",
+        "peer",
+        "selected",
+        "closed",
+        "counted",
+        "rx",
+        "tx",
+        "select_deadline",
+        "settled",
+        "remote",
+    )
+
+    def __init__(
+        self,
+        cid: int,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        channel: SecureChannel,
+        settled: asyncio.Future[str | None],
+    ) -> None:
+        self.cid = cid
+        self.reader = reader
+        self.writer = writer
+        self.channel = channel
+        self.peer: int | None = None  # set once authenticated
+        self.selected = False
+        self.closed = False
+        self.counted = False  # bytes go to the peer's stats once authenticated
+        self.rx = 0
+        self.tx = 0
+        self.select_deadline = 0.0
+        self.settled = settled  # None when selected, else the reason it was dropped
+        peer = writer.get_extra_info("peername")
+        self.remote = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+
+    @property
+    def label(self) -> str:
+        ch = self.channel
+        if ch.initiator:
+            return f"connection #{self.cid} to node {ch.peer_id} at {self.remote}"
+        who = "" if ch.peer_id is None else f" claiming node {ch.peer_id}"
+        if self.peer is not None:
+            who = f" of node {self.peer}"
+        return f"connection #{self.cid} from {self.remote}{who}"
+
+
+# --------------------------------------------------------------------------- PeerNet
+
+
+class PeerNet:
+    """The networking of one node: authenticated encrypted channels to its graph neighbours.
+
+    ``addresses`` is read when dialling, so it may be a mapping the caller fills in after
+    construction (e.g. once every node has bound port 0). ``neighbours`` are the only nodes this
+    node dials or accepts. Timeouts are in seconds.
+    """
+
+    def __init__(
+        self,
+        *,
+        node_id: int,
+        static_key: X25519PrivateKey,
+        roster_keys: Mapping[int, bytes],
+        addresses: Mapping[int, tuple[str, int]],
+        run_id: bytes,
+        neighbours: Iterable[int],
+        max_frame: int = DEFAULT_MAX_FRAME,
+        handshake_timeout: float = 5.0,
+        io_timeout: float = 60.0,
+        send_timeout: float = 60.0,
+        reconnect: bool = True,
+        reconnect_timeout: float = 60.0,
+        backoff_initial: float = 0.05,
+        backoff_max: float = 1.0,
+        max_pending_handshakes: int = 64,
+    ) -> None:
+        roster = {nid: bytes(pub) for nid, pub in roster_keys.items()}
+        nbrs = frozenset(neighbours)
+        if node_id in nbrs:
+            raise ValueError(f"node {node_id} lists itself as a neighbour")
+        unknown = sorted(nbrs - roster.keys())
+        if unknown:
+            raise ValueError(f"neighbour(s) {unknown} of node {node_id} are not in the roster")
+        # Validates ids, keys, run_id and max_frame with the channel's own checks.
+        SecureChannel(
+            local_id=node_id,
+            static_key=static_key,
+            roster_keys=roster,
+            run_id=run_id,
+            initiator=False,
+            max_frame=max_frame,
+        )
+        for name, value in (
+            ("handshake_timeout", handshake_timeout),
+            ("io_timeout", io_timeout),
+            ("send_timeout", send_timeout),
+            ("reconnect_timeout", reconnect_timeout),
+            ("backoff_initial", backoff_initial),
+            ("backoff_max", backoff_max),
+        ):
+            if not value > 0:
+                raise ValueError(f"{name} must be positive, got {value!r}")
+        self._node_id = node_id
+        self._static_key = static_key
+        self._roster = roster
+        self._addresses = addresses
+        self._run_id = bytes(run_id)
+        self._neighbours = nbrs
+        self._max_frame = max_frame
+        self._handshake_timeout = handshake_timeout
+        self._io_timeout = io_timeout
+        self._send_timeout = send_timeout
+        self._reconnect = reconnect
+        self._reconnect_timeout = reconnect_timeout
+        self._backoff_initial = backoff_initial
+        self._backoff_max = max(backoff_max, backoff_initial)
+        self._max_pending = max_pending_handshakes
+
+        self._stats = {p: PeerStats() for p in sorted(nbrs)}
+        self._selected: dict[int, _Conn] = {}
+        self._up = {p: asyncio.Event() for p in nbrs}
+        self._down_reported: set[int] = set()
+        self._last_reason: dict[int, str] = {}
+        self._events: asyncio.Queue[NetEvent] = asyncio.Queue()
+        self._conns: set[_Conn] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._redials: dict[int, asyncio.Task[None]] = {}
+        self._pending_inbound = 0
+        self._cids = itertools.count(1)
+        self._rng = random.Random()
+        self._server: asyncio.Server | None = None
+        self._address: tuple[str, int] | None = None
+        self._closing = False
+        self._close_done: asyncio.Event | None = None
+
+    # ----------------------------------------------------------------- introspection
+
+    @property
+    def node_id(self) -> int:
+        return self._node_id
+
+    @property
+    def neighbours(self) -> frozenset[int]:
+        return self._neighbours
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """The bound listening address, once started."""
+        return self._address
+
+    @property
+    def connected(self) -> frozenset[int]:
+        """Neighbours that currently have an established, selected channel."""
+        return frozenset(self._selected)
+
+    @property
+    def stats(self) -> dict[int, PeerStats]:
+        """A snapshot of per-neighbour traffic counters."""
+        return {p: dataclasses.replace(s) for p, s in self._stats.items()}
+
+    def connection_count(self, peer: int) -> int:
+        """Open authenticated connections with ``peer`` (1 once duplicates are resolved)."""
+        return sum(1 for c in self._conns if c.peer == peer and not c.closed)
+
+    def channel_endpoints(self, peer: int) -> tuple[tuple[str, int], tuple[str, int]] | None:
+        """(local, remote) socket addresses of the channel to ``peer``, or None."""
+        conn = self._selected.get(peer)
+        if conn is None:
+            return None
+        local = conn.writer.get_extra_info("sockname")
+        remote = conn.writer.get_extra_info("peername")
+        return (tuple(local[:2]), tuple(remote[:2]))  # type: ignore[return-value]
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def start(self, sock: socket.socket | None = None) -> tuple[str, int]:
+        """Listen for neighbours; return the bound ``(host, port)``.
+
+        ``sock``: an already bound (and possibly listening) socket to serve on, e.g. one
+        inherited from a launcher; otherwise ``addresses[node_id]`` is bound.
+        """
+        if self._server is not None:
+            raise RuntimeError(f"node {self._node_id} is already listening")
+        if self._closing:
+            raise RuntimeError(f"node {self._node_id} is closed")
+        if sock is not None:
+            server = await asyncio.start_server(self._on_inbound, sock=sock, limit=STREAM_LIMIT)
+        else:
+            addr = self._addresses.get(self._node_id)
+            if addr is None:
+                raise ValueError(f"no listening address for node {self._node_id}")
+            server = await asyncio.start_server(
+                self._on_inbound, addr[0], addr[1], limit=STREAM_LIMIT, reuse_address=True
+            )
+        self._server = server
+        name = server.sockets[0].getsockname()
+        self._address = (name[0], name[1])
+        log.info("node %d: listening on %s:%d", self._node_id, *self._address)
+        return self._address
+
+    async def connect(self, timeout: float) -> None:
+        """Return once every neighbour has an authenticated channel.
+
+        Dials every neighbour not yet connected (with back-off) while inbound connections keep
+        being accepted. Raises :class:`PeerUnreachable` naming the missing neighbours and the
+        last error for each if that does not happen within ``timeout`` seconds.
+        """
+        if self._server is None:
+            raise RuntimeError("call start() before connect()")
+        if self._closing:
+            raise RuntimeError(f"node {self._node_id} is closed")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        todo = [p for p in sorted(self._neighbours) if p not in self._selected]
+        if not todo:
+            return
+        errors = {p: "no connection attempt completed" for p in todo}
+        tasks = [self._spawn(self._dial_loop(p, deadline, errors)) for p in todo]
+        try:
+            await asyncio.wait(tasks, timeout=max(0.0, timeout))
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        missing = {p: errors[p] for p in todo if p not in self._selected}
+        if missing:
+            raise PeerUnreachable(missing, timeout)
+
+    async def send(self, peer: int, msg: Message, *, timeout: float | None = None) -> None:
+        """Encrypt and write ``msg`` to ``peer``, waiting (at most ``timeout``, default
+        ``send_timeout``) until the transport has taken it. Raises :class:`PeerGone` if there is
+        no working channel (the channel is then closed and a :class:`PeerDown` emitted)."""
+        if peer not in self._neighbours:
+            raise ValueError(f"node {peer} is not a neighbour of node {self._node_id}")
+        conn = self._selected.get(peer)
+        if conn is None or conn.closed:
+            raise PeerGone(peer, self._last_reason.get(peer, "not connected"))
+        data = encode_message(msg, max_size=self._max_frame - TAG_SIZE)
+        try:
+            conn.channel.send(data)
+        except ChannelError as exc:  # counter exhausted: this connection cannot send any more
+            self._drop(conn, str(exc), level=logging.WARNING, graceful=False)
+            raise PeerGone(peer, str(exc)) from None
+        self._write(conn, conn.channel.data_to_send())
+        self._stats[peer].frames_sent += 1
+        limit = self._send_timeout if timeout is None else timeout
+        try:
+            async with asyncio.timeout(limit):
+                await conn.writer.drain()
+        except TimeoutError:
+            reason = f"send did not drain within {limit:g} s (peer not reading)"
+            self._drop(conn, reason, graceful=False)
+            raise PeerGone(peer, reason) from None
+        except OSError as exc:  # ConnectionResetError and friends: the connection is gone
+            reason = f"{type(exc).__name__}: {exc}"
+            self._drop(conn, reason, graceful=False)
+            raise PeerGone(peer, reason) from None
+
+    async def next_event(self, timeout: float) -> NetEvent | None:
+        """The next :class:`Inbound` / :class:`PeerDown` / :class:`PeerUp`, or None after
+        ``timeout`` seconds without one."""
+        if not self._events.empty():
+            return self._events.get_nowait()
+        if timeout <= 0:
+            return None
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._events.get()
+        except TimeoutError:
+            return None
+
+    async def close(self) -> None:
+        """Close every connection, the listener and all background tasks. Idempotent."""
+        if self._close_done is not None:
+            await self._close_done.wait()
+            return
+        self._close_done = asyncio.Event()
+        self._closing = True
+        try:
+            if self._server is not None:
+                self._server.close()
+            for conn in list(self._conns):
+                self._drop(conn, "node shutting down", level=logging.DEBUG)
+            tasks = list(self._tasks)
+            for t in tasks:
+                t.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=5.0)
+            if self._server is not None:
+                await self._bounded(self._server.wait_closed(), 1.0)
+            writers = list(self._writers)
+            self._writers.clear()
+            for w in writers:
+                if not await self._bounded(w.wait_closed(), 1.0):
+                    w.transport.abort()
+            log.info("node %d: network closed", self._node_id)
+        finally:
+            self._close_done.set()
+
+    # ----------------------------------------------------------------- connections
+
+    @staticmethod
+    async def _bounded(aw: Coroutine[Any, Any, Any], timeout: float) -> bool:
+        try:
+            async with asyncio.timeout(timeout):
+                await aw
+            return True
+        except TimeoutError:
+            return False
+        except Exception:  # wait_closed re-raises the connection's error; it is closed anyway
+            return True
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error(
+                "node %d: internal error in a network task",
+                self._node_id,
+                exc_info=task.exception(),
+            )
+
+    def _new_conn(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        peer: int | None,
+    ) -> _Conn:
+        channel = SecureChannel(
+            local_id=self._node_id,
+            static_key=self._static_key,
+            roster_keys=self._roster,
+            run_id=self._run_id,
+            initiator=peer is not None,
+            peer_id=peer,
+            allowed_peers=self._neighbours,
+            max_frame=self._max_frame,
+        )
+        conn = _Conn(
+            next(self._cids), reader, writer, channel, asyncio.get_running_loop().create_future()
+        )
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            except (OSError, AttributeError):
+                pass
+        self._conns.add(conn)
+        self._writers.add(writer)
+        return conn
+
+    def _on_inbound(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._closing:
+            writer.close()
+            return
+        if self._pending_inbound >= self._max_pending:
+            log.warning(
+                "node %d: refusing connection from %s: %d handshakes already pending",
+                self._node_id,
+                writer.get_extra_info("peername"),
+                self._pending_inbound,
+            )
+            writer.transport.abort()
+            return
+        conn = self._new_conn(reader, writer, peer=None)
+        self._pending_inbound += 1
+        self._spawn(self._run_conn(conn))
+
+    async def _run_conn(self, conn: _Conn) -> None:
+        reason, level, graceful = "connection closed", logging.INFO, True
+        try:
+            try:
+                await self._handshake(conn)
+            finally:
+                if not conn.channel.initiator:
+                    self._pending_inbound -= 1
+            self._on_established(conn)
+            await self._read_loop(conn)
+        except asyncio.CancelledError:
+            reason, level = "cancelled", logging.DEBUG
+            raise
+        except _Drop as exc:
+            reason, level = str(exc), exc.level
+        except ChannelError as exc:
+            reason, graceful = str(exc), False
+            level = logging.WARNING
+            if isinstance(exc, HandshakeError) and conn.channel.initiator:
+                # Our own dial failing is reported through connect(); only impostors are loud.
+                if not isinstance(exc, AuthenticationError):
+                    level = logging.INFO
+        except WireError as exc:
+            reason, level, graceful = f"malformed message: {exc}", logging.WARNING, False
+        except TimeoutError as exc:
+            reason, level, graceful = str(exc) or "timed out", logging.WARNING, False
+        except OSError as exc:
+            reason, level = f"{type(exc).__name__}: {exc}", logging.INFO
+        finally:
+            self._drop(conn, reason, level=level, graceful=graceful)
+            if not self._closing:
+                self._writers.discard(conn.writer)
+
+    async def _read(self, conn: _Conn, timeout: float | None, what: str) -> None:
+        """Read exactly what the channel needs next and feed it; dispatch resulting events."""
+        ch = conn.channel
+        n = ch.bytes_needed()
+        try:
+            async with asyncio.timeout(timeout):
+                data = await conn.reader.readexactly(n)
+        except TimeoutError:
+            raise TimeoutError(f"{what} not received within {timeout:g} s") from None
+        except asyncio.IncompleteReadError as exc:
+            self._count_rx(conn, len(exc.partial))
+            if exc.partial:
+                self._feed(conn, exc.partial)
+            ch.receive_eof()  # raises if the close cut a handshake or frame short
+            raise _Drop("connection closed by peer", logging.INFO) from None
+        self._count_rx(conn, n)
+        self._feed(conn, data)
+
+    def _feed(self, conn: _Conn, data: bytes) -> None:
+        ch = conn.channel
+        try:
+            events = ch.receive_data(data)
+        except ChannelError as exc:
+            for ev in exc.events:
+                self._dispatch(conn, ev)
+            raise
+        out = ch.data_to_send()
+        if out:
+            self._write(conn, out)
+        for ev in events:
+            self._dispatch(conn, ev)
+
+    async def _handshake(self, conn: _Conn) -> None:
+        ch = conn.channel
+        if ch.initiator:
+            ch.start()
+            self._write(conn, ch.data_to_send())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._handshake_timeout
+        while not ch.established:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"handshake did not complete within {self._handshake_timeout:g} s"
+                )
+            await self._read(conn, remaining, "handshake message")
+
+    def _on_established(self, conn: _Conn) -> None:
+        peer = conn.channel.peer_id
+        assert peer is not None and peer in self._neighbours
+        conn.peer = peer
+        conn.counted = True
+        stats = self._stats[peer]
+        stats.bytes_sent += conn.tx
+        stats.bytes_received += conn.rx
+        if self._closing:
+            raise _Drop("node shutting down", logging.DEBUG)
+        action = dup_dial_action(self._node_id, peer, edge_has_connection=peer in self._selected)
+        if action is DupAction.DROP:
+            raise _Drop(f"duplicate of the existing channel to node {peer}", logging.DEBUG)
+        if action is DupAction.SELECT:
+            conn.channel.send_control(SELECT)
+            self._write(conn, conn.channel.data_to_send())
+            self._adopt(conn)
+        else:
+            conn.select_deadline = asyncio.get_running_loop().time() + self._handshake_timeout
+            log.debug("node %d: %s authenticated, awaiting selection", self._node_id, conn.label)
+
+    async def _read_loop(self, conn: _Conn) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not conn.selected:
+                remaining = conn.select_deadline - loop.time()
+                if remaining <= 0:
+                    raise _Drop(
+                        f"node {conn.peer} did not select this connection within "
+                        f"{self._handshake_timeout:g} s",
+                        logging.INFO,
+                    )
+                await self._read(conn, remaining, "selection by the edge leader")
+            elif conn.channel.mid_frame:
+                await self._read(conn, self._io_timeout, "rest of the frame")
+            else:
+                await self._read(conn, None, "frame")
+
+    def _dispatch(self, conn: _Conn, ev: Event) -> None:
+        peer = conn.peer
+        if isinstance(ev, MessageReceived):
+            if not conn.selected:
+                raise _Drop(f"node {peer} sent data on a connection it had not selected")
+            assert peer is not None
+            msg = decode_message(ev.payload, max_size=self._max_frame)
+            self._stats[peer].frames_received += 1
+            if self._selected.get(peer) is conn and not self._closing:
+                self._events.put_nowait(Inbound(peer, msg))
+        elif isinstance(ev, ControlReceived):
+            assert peer is not None
+            if ev.payload == SELECT and edge_leader(self._node_id, peer) == peer:
+                self._adopt(conn)
+            else:
+                raise _Drop(f"unexpected control frame {ev.payload[:32]!r} from node {peer}")
+        # HandshakeComplete: handled by _handshake's loop condition.
+
+    def _adopt(self, conn: _Conn) -> None:
+        peer = conn.peer
+        assert peer is not None
+        old = self._selected.get(peer)
+        if old is conn:
+            return
+        if old is not None:
+            del self._selected[peer]
+            self._peer_down(peer, "replaced by a new connection chosen by the peer")
+            self._drop(old, "replaced by a new connection", level=logging.INFO)
+        self._selected[peer] = conn
+        conn.selected = True
+        self._stats[peer].connections += 1
+        self._up[peer].set()
+        if not conn.settled.done():
+            conn.settled.set_result(None)
+        log.info("node %d: channel to node %d up (%s)", self._node_id, peer, conn.label)
+        if peer in self._down_reported:
+            self._down_reported.discard(peer)
+            if not self._closing:
+                self._events.put_nowait(PeerUp(peer))
+
+    def _peer_down(self, peer: int, reason: str, level: int = logging.WARNING) -> None:
+        self._up[peer].clear()
+        self._last_reason[peer] = reason
+        if self._closing:
+            return
+        log.log(level, "node %d: channel to node %d down: %s", self._node_id, peer, reason)
+        self._down_reported.add(peer)
+        self._events.put_nowait(PeerDown(peer, reason))
+        if (
+            self._reconnect
+            and edge_leader(self._node_id, peer) == self._node_id
+            and peer not in self._redials
+        ):
+            task = self._spawn(self._redial(peer))
+            self._redials[peer] = task
+            task.add_done_callback(lambda _t: self._redials.pop(peer, None))
+
+    def _drop(
+        self, conn: _Conn, reason: str, *, level: int = logging.INFO, graceful: bool = True
+    ) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        self._conns.discard(conn)
+        conn.channel.close(reason)
+        transport = conn.writer.transport
+        if graceful and not transport.is_closing():
+            conn.writer.close()
+        elif not graceful:
+            transport.abort()  # do not flush anything to a misbehaving peer
+        peer = conn.peer
+        if peer is not None and self._selected.get(peer) is conn:
+            del self._selected[peer]
+            self._peer_down(peer, reason, max(level, logging.INFO))
+        else:
+            log.log(level, "node %d: closed %s: %s", self._node_id, conn.label, reason)
+        if not conn.settled.done():
+            conn.settled.set_result(reason)
+
+    def _write(self, conn: _Conn, data: bytes) -> None:
+        if not data or conn.closed:
+            return
+        conn.writer.write(data)
+        if conn.counted and conn.peer is not None:
+            self._stats[conn.peer].bytes_sent += len(data)
+        else:
+            conn.tx += len(data)
+
+    def _count_rx(self, conn: _Conn, n: int) -> None:
+        if conn.counted and conn.peer is not None:
+            self._stats[conn.peer].bytes_received += n
+        else:
+            conn.rx += n
+
+    # ----------------------------------------------------------------- dialling
+
+    async def _dial_once(self, peer: int, budget: float) -> str | None:
+        """One attempt; None once a channel to ``peer`` is selected, else the failure reason."""
+        self._stats[peer].dial_attempts += 1
+        addr = self._addresses.get(peer)
+        if addr is None:
+            return f"no address known for node {peer}"
+        host, port = addr
+        try:
+            async with asyncio.timeout(min(budget, self._handshake_timeout)):
+                reader, writer = await asyncio.open_connection(host, port, limit=STREAM_LIMIT)
+        except TimeoutError:
+            return f"connecting to {host}:{port} timed out"
+        except OSError as exc:
+            why = os.strerror(exc.errno) if exc.errno else str(exc)
+            return f"connecting to {host}:{port} failed: {why}"
+        if self._closing:
+            writer.close()
+            return "node shutting down"
+        conn = self._new_conn(reader, writer, peer=peer)
+        self._spawn(self._run_conn(conn))
+        try:
+            result = await asyncio.shield(conn.settled)
+        except asyncio.CancelledError:
+            if not conn.selected:
+                self._drop(conn, "dial abandoned", level=logging.DEBUG)
+            raise
+        return None if result is None else f"{host}:{port}: {result}"
+
+    async def _dial_loop(self, peer: int, deadline: float, errors: dict[int, str]) -> None:
+        loop = asyncio.get_running_loop()
+        up = self._up[peer]
+        delay = self._backoff_initial
+        while not up.is_set() and not self._closing:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            attempt = asyncio.ensure_future(self._dial_once(peer, remaining))
+            waiter = asyncio.ensure_future(up.wait())
+            try:
+                await asyncio.wait(
+                    {attempt, waiter}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                for t in (attempt, waiter):
+                    t.cancel()
+                await asyncio.gather(attempt, waiter, return_exceptions=True)
+            if up.is_set():
+                return
+            if attempt.cancelled():
+                errors[peer] = "connection attempt did not finish before the deadline"
+            elif attempt.exception() is not None:
+                exc = attempt.exception()
+                errors[peer] = f"internal error: {type(exc).__name__}: {exc}"
+                log.error("node %d: dialling node %d failed", self._node_id, peer, exc_info=exc)
+            elif attempt.result() is not None:
+                errors[peer] = attempt.result()
+                log.debug("node %d: dial to node %d: %s", self._node_id, peer, errors[peer])
+            pause = min(delay * self._rng.uniform(0.5, 1.0), deadline - loop.time())
+            if pause > 0:
+                try:
+                    async with asyncio.timeout(pause):
+                        await up.wait()
+                    return
+                except TimeoutError:
+                    pass
+            delay = min(delay * 2, self._backoff_max)
+
+    async def _redial(self, peer: int) -> None:
+        loop = asyncio.get_running_loop()
+        errors = {peer: "no connection attempt completed"}
+        await self._dial_loop(peer, loop.time() + self._reconnect_timeout, errors)
+        if not self._up[peer].is_set() and not self._closing:
+            log.warning(
+                "node %d: gave up reconnecting to node %d after %g s: %s",
+                self._node_id,
+                peer,
+                self._reconnect_timeout,
+                errors[peer],
+            )

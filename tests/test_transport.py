@@ -1,0 +1,514 @@
+"""PeerNet over real loopback TCP: connecting, dup-dials, late and missing peers, refusals,
+failures mid-stream, PeerDown/PeerUp, clean shutdown.
+
+Every node binds 127.0.0.1 port 0 through a pre-bound socket; waits are on events or on
+conditions polled under a deadline, never fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import struct
+import time
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from coordinator_free.net.channel import ControlReceived, SecureChannel
+from coordinator_free.net.transport import (
+    SELECT,
+    Inbound,
+    PeerDown,
+    PeerGone,
+    PeerNet,
+    PeerUnreachable,
+    PeerUp,
+)
+from coordinator_free.net.wire import Message, encode_message
+
+RUN = b"transport-test-run"
+N = 6
+KEYS = {i: X25519PrivateKey.generate() for i in range(N)}
+ROSTER = {i: k.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) for i, k in KEYS.items()}
+
+
+def bound_socket() -> socket.socket:
+    """A socket bound to a free loopback port, not yet listening (connects are refused)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+async def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached within the deadline")
+        await asyncio.sleep(0.005)
+
+
+async def next_of(net: PeerNet, kind: type, timeout: float = 5.0):
+    """The next event of type ``kind`` (others are returned too if they come first: fail)."""
+    ev = await net.next_event(timeout)
+    assert isinstance(ev, kind), f"node {net.node_id}: expected {kind.__name__}, got {ev!r}"
+    return ev
+
+
+class Cluster:
+    """Nodes with pre-bound sockets and a shared address map; closes everything on teardown."""
+
+    def __init__(self) -> None:
+        self.addresses: dict[int, tuple[str, int]] = {}
+        self.socks: dict[int, socket.socket] = {}
+        self.nets: list[PeerNet] = []
+
+    def add(self, node: int, neighbours, *, key=None, roster=None, bind=True, **kw) -> PeerNet:
+        if bind and node not in self.socks:
+            sock = bound_socket()
+            self.socks[node] = sock
+            self.addresses[node] = sock.getsockname()
+        kw.setdefault("handshake_timeout", 2.0)
+        net = PeerNet(
+            node_id=node,
+            static_key=key or KEYS[node],
+            roster_keys=roster or ROSTER,
+            addresses=self.addresses,
+            run_id=RUN,
+            neighbours=neighbours,
+            **kw,
+        )
+        self.nets.append(net)
+        return net
+
+    async def start(self, net: PeerNet) -> None:
+        await net.start(self.socks[net.node_id])
+
+    async def close(self) -> None:
+        await asyncio.gather(*(net.close() for net in self.nets))
+        for sock in self.socks.values():
+            sock.close()
+
+
+@pytest.fixture
+async def cluster():
+    c = Cluster()
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+def graph(edges) -> dict[int, set[int]]:
+    adj: dict[int, set[int]] = {}
+    for a, b in edges:
+        adj.setdefault(a, set()).add(b)
+        adj.setdefault(b, set()).add(a)
+    return adj
+
+
+async def build(cluster: Cluster, edges, **kw) -> dict[int, PeerNet]:
+    adj = graph(edges)
+    nets = {i: cluster.add(i, sorted(nbrs), **kw) for i, nbrs in sorted(adj.items())}
+    for net in nets.values():
+        await cluster.start(net)
+    await asyncio.gather(*(net.connect(5.0) for net in nets.values()))
+    return nets
+
+
+def assert_one_channel_per_edge(nets: dict[int, PeerNet], edges) -> None:
+    for a, b in edges:
+        assert nets[a].connection_count(b) == 1, (a, b)
+        assert nets[b].connection_count(a) == 1, (b, a)
+        local_a, remote_a = nets[a].channel_endpoints(b)
+        local_b, remote_b = nets[b].channel_endpoints(a)
+        assert (local_a, remote_a) == (remote_b, local_b)  # the same TCP connection
+
+
+# --------------------------------------------------------------------------- connect + exchange
+
+
+async def exchange_all(nets: dict[int, PeerNet], step: int = 0) -> None:
+    for i, net in nets.items():
+        for j in sorted(net.neighbours):
+            payload = np.array([i, j, step], dtype=np.float64)
+            await net.send(j, Message("value", round=1, step=step, payload=payload, meta={"f": i}))
+    for i, net in nets.items():
+        got = {}
+        for _ in net.neighbours:
+            ev = await next_of(net, Inbound)
+            got[ev.peer] = ev.message
+        assert set(got) == set(net.neighbours)
+        for j, msg in got.items():
+            assert msg.kind == "value" and msg.step == step and msg.meta == {"f": j}
+            assert np.array_equal(msg.payload, [j, i, step])
+
+
+EDGES4 = [(0, 1), (1, 2), (2, 3), (3, 0), (0, 2)]
+
+
+async def test_four_nodes_connect_and_exchange(cluster):
+    nets = await build(cluster, EDGES4)
+    await wait_until(
+        lambda: all(n.connection_count(p) == 1 for n in nets.values() for p in n.neighbours)
+    )
+    assert_one_channel_per_edge(nets, EDGES4)
+    for step in range(3):
+        await exchange_all(nets, step)
+    for net in nets.values():
+        assert net.connected == net.neighbours
+        stats = net.stats
+        assert set(stats) == net.neighbours
+        for s in stats.values():
+            assert s.frames_sent == 3 and s.frames_received == 3
+            assert s.bytes_sent > 3 * 24 and s.bytes_received > 3 * 24
+            assert s.connections == 1
+    assert await nets[0].next_event(0.01) is None  # nothing else happened (no spurious PeerDown)
+
+
+async def test_messages_arrive_in_order_and_large_payload(cluster):
+    nets = await build(cluster, [(0, 1)])
+    big = np.random.default_rng(3).standard_normal(1 << 20)  # 8 MiB
+    for k in range(20):
+        await nets[0].send(1, Message("value", 0, k))
+    await nets[0].send(1, Message("value", 0, 20, payload=big))
+    for k in range(20):
+        assert (await next_of(nets[1], Inbound)).message.step == k
+    ev = await next_of(nets[1], Inbound)
+    assert ev.message.step == 20 and np.array_equal(ev.message.payload, big)
+
+
+async def test_simultaneous_dial_leaves_one_channel_per_edge(cluster, caplog):
+    caplog.set_level(logging.DEBUG, logger="coordinator_free.net")
+    edges = [(0, 1), (1, 2), (0, 2)]
+    for _ in range(5):  # several rounds to hit different interleavings
+        c = Cluster()
+        try:
+            nets = await build(c, edges)
+            # Duplicates are closed right after the handshake; wait for the teardown to finish.
+            await wait_until(
+                lambda nets=nets: all(
+                    n.connection_count(p) == 1 for n in nets.values() for p in n.neighbours
+                )
+            )
+            assert_one_channel_per_edge(nets, edges)
+            attempts = sum(s.dial_attempts for n in nets.values() for s in n.stats.values())
+            assert attempts >= len(edges)  # both ends dialled
+            await exchange_all(nets)
+            for net in nets.values():
+                assert await net.next_event(0) is None
+        finally:
+            await c.close()
+    # Both ends really did dial: the edge leaders closed the surplus connections.
+    assert any("duplicate of the existing channel" in r.getMessage() for r in caplog.records)
+
+
+async def test_late_peer_is_reached(cluster):
+    a = cluster.add(0, [1])
+    b = cluster.add(1, [0])  # bound but not listening yet: a's dials are refused
+    await cluster.start(a)
+    t0 = time.monotonic()
+    connecting = asyncio.create_task(a.connect(5.0))
+    await wait_until(lambda: a.stats[1].dial_attempts >= 3)
+    assert not connecting.done()
+    await cluster.start(b)
+    await asyncio.gather(connecting, b.connect(5.0))
+    assert time.monotonic() - t0 < 5.0
+    await a.send(1, Message("done", 0, 0))
+    assert (await next_of(b, Inbound)).message.kind == "done"
+
+
+async def test_unreachable_neighbour_is_named(cluster):
+    a = cluster.add(0, [1, 2])
+    c = cluster.add(2, [0])
+    cluster.add(1, [0])  # never started
+    await cluster.start(a)
+    await cluster.start(c)
+    c_connect = asyncio.create_task(c.connect(5.0))
+    t0 = time.monotonic()
+    with pytest.raises(PeerUnreachable) as err:
+        await a.connect(0.6)
+    elapsed = time.monotonic() - t0
+    assert 0.5 < elapsed < 1.5
+    assert err.value.missing == [1]
+    assert "refused" in err.value.errors[1].lower()
+    assert "node 1" in str(err.value)
+    await c_connect
+    assert a.connected == {2}
+    await a.send(2, Message("value", 0, 0))
+    assert (await next_of(c, Inbound)).peer == 0
+
+
+async def test_unreachable_without_address(cluster):
+    a = cluster.add(0, [5])
+    await cluster.start(a)
+    with pytest.raises(PeerUnreachable, match="no address known for node 5"):
+        await a.connect(0.2)
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+async def test_impostor_is_refused_and_good_channels_keep_working(cluster, caplog):
+    caplog.set_level(logging.INFO, logger="coordinator_free.net")
+    nets = await build(cluster, [(0, 1), (0, 2)])
+    fake = X25519PrivateKey.generate()
+    fake_pub = fake.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    # Claims to be node 1 (connected right now) but holds another key.
+    impostor = cluster.add(
+        1, [0], key=fake, roster={**ROSTER, 1: fake_pub}, bind=False, reconnect=False
+    )
+    impostor_sock = bound_socket()
+    try:
+        await impostor.start(impostor_sock)
+        with pytest.raises(PeerUnreachable) as err:
+            await impostor.connect(0.3)
+        assert err.value.missing == [0]
+    finally:
+        await impostor.close()
+        impostor_sock.close()
+    assert any("claiming node 1 did not prove" in r.getMessage() for r in caplog.records)
+    assert nets[0].connected == {1, 2}
+    assert nets[0].connection_count(1) == 1
+    await exchange_all(nets)
+    assert await nets[0].next_event(0) is None  # no PeerDown for the genuine node 1
+
+
+async def test_non_neighbour_is_refused(cluster, caplog):
+    caplog.set_level(logging.INFO, logger="coordinator_free.net")
+    nets = await build(cluster, [(0, 1)])
+    outsider = cluster.add(3, [0], reconnect=False)  # node 0 does not list 3 as a neighbour
+    await cluster.start(outsider)
+    with pytest.raises(PeerUnreachable):
+        await outsider.connect(0.3)
+    assert any("node 3 is not an allowed peer" in r.getMessage() for r in caplog.records)
+    await exchange_all(nets)
+
+
+async def test_other_run_is_refused(cluster, caplog):
+    caplog.set_level(logging.INFO, logger="coordinator_free.net")
+    nets = await build(cluster, [(0, 1)])
+    sock = bound_socket()
+    other = PeerNet(
+        node_id=2,
+        static_key=KEYS[2],
+        roster_keys=ROSTER,
+        addresses=cluster.addresses,
+        run_id=b"some-other-run",
+        neighbours=[0],
+        reconnect=False,
+    )
+    try:
+        await other.start(sock)
+        with pytest.raises(PeerUnreachable):
+            await other.connect(0.3)
+    finally:
+        await other.close()
+        sock.close()
+    assert any("different run" in r.getMessage() for r in caplog.records)
+    await exchange_all(nets)
+
+
+async def test_garbage_connection_is_closed(cluster):
+    nets = await build(cluster, [(0, 1)])
+    reader, writer = await asyncio.open_connection(*cluster.addresses[0])
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    assert await asyncio.wait_for(reader.read(), 2.0) == b""  # closed on us, nothing sent back
+    writer.close()
+    await writer.wait_closed()
+    await exchange_all(nets)
+
+
+async def test_silent_connection_times_out(cluster):
+    a = cluster.add(0, [1], handshake_timeout=0.3)
+    await cluster.start(a)
+    reader, writer = await asyncio.open_connection(*cluster.addresses[0])
+    t0 = time.monotonic()
+    assert await asyncio.wait_for(reader.read(), 3.0) == b""
+    assert time.monotonic() - t0 < 2.0
+    writer.close()
+    await writer.wait_closed()
+
+
+# --------------------------------------------------------------------------- failures mid-stream
+
+
+class Rogue:
+    """Holds a genuine neighbour key but drives the channel by hand, to misbehave later."""
+
+    def __init__(self, node: int, target: int, address) -> None:
+        self.ch = SecureChannel(
+            local_id=node,
+            static_key=KEYS[node],
+            roster_keys=ROSTER,
+            run_id=RUN,
+            initiator=True,
+            peer_id=target,
+        )
+        self.address = address
+
+    async def connect(self) -> None:
+        self.reader, self.writer = await asyncio.open_connection(*self.address)
+        self.ch.start()
+        self.writer.write(self.ch.data_to_send())
+        events: list = []
+        while not any(isinstance(e, ControlReceived) for e in events):
+            data = await asyncio.wait_for(self.reader.readexactly(self.ch.bytes_needed()), 2.0)
+            events += self.ch.receive_data(data)
+            self.writer.write(self.ch.data_to_send())
+        assert ControlReceived(SELECT) in events  # the leader chose this connection
+
+    def frame(self, msg: Message) -> bytes:
+        self.ch.send(encode_message(msg))
+        return self.ch.data_to_send()
+
+    async def close(self) -> None:
+        self.writer.close()
+        try:
+            await self.writer.wait_closed()
+        except OSError:
+            pass
+
+
+def _tamper(frame: bytes) -> bytes:
+    b = bytearray(frame)
+    b[-1] ^= 1
+    return bytes(b)
+
+
+@pytest.mark.parametrize(
+    ("attack", "reason"),
+    [
+        ("tamper", "failed authentication"),
+        ("replay", "replayed"),
+        ("oversize", "over max_frame"),
+        ("malformed", "malformed message"),
+        ("truncate", "closed in the middle of frame"),
+    ],
+)
+async def test_bad_frame_from_established_peer(cluster, attack, reason):
+    a = cluster.add(0, [2], reconnect=False, max_frame=1 << 16)
+    await cluster.start(a)
+    rogue = Rogue(2, 0, cluster.addresses[0])
+    try:
+        await rogue.connect()
+        good = rogue.frame(Message("value", 0, 0))
+        rogue.writer.write(good)
+        ev = await next_of(a, Inbound)
+        assert ev.peer == 2 and ev.message.step == 0
+        if attack == "tamper":
+            rogue.writer.write(_tamper(rogue.frame(Message("value", 0, 1))))
+        elif attack == "replay":
+            rogue.writer.write(good)
+        elif attack == "oversize":
+            rogue.writer.write(struct.pack(">IBQ", (1 << 16) + 1, 0, 1))
+        elif attack == "malformed":
+            rogue.ch.send(b"\x93\x01\x02\x03")  # authentic frame, but not an envelope
+            rogue.writer.write(rogue.ch.data_to_send())
+        else:
+            rogue.writer.write(rogue.frame(Message("value", 0, 1))[:-4])
+            rogue.writer.write_eof()
+        down = await next_of(a, PeerDown)
+        assert down.peer == 2 and reason in down.reason
+        assert await asyncio.wait_for(rogue.reader.read(), 2.0) == b""  # a closed the connection
+        with pytest.raises(PeerGone, match="no channel to node 2"):
+            await a.send(2, Message("value", 0, 2))
+    finally:
+        await rogue.close()
+
+
+async def test_closing_a_peer_emits_peer_down(cluster):
+    nets = await build(cluster, [(0, 1), (1, 2), (0, 2)])
+    await nets[2].close()
+    await nets[2].close()  # idempotent
+    for i in (0, 1):
+        down = await next_of(nets[i], PeerDown)
+        assert down.peer == 2 and "closed" in down.reason
+        assert nets[i].connected == {1 - i}
+        with pytest.raises(PeerGone):
+            await nets[i].send(2, Message("value", 0, 0))
+    await nets[0].send(1, Message("value", 0, 9))
+    assert (await next_of(nets[1], Inbound)).message.step == 9
+
+
+async def test_leader_reconnects_after_a_drop(cluster):
+    nets = await build(cluster, [(0, 1)])
+    # Cut the channel under both ends (as a network failure would).
+    nets[1]._selected[0].writer.transport.abort()
+    assert (await next_of(nets[0], PeerDown)).peer == 1
+    assert (await next_of(nets[1], PeerDown)).peer == 0
+    assert (await next_of(nets[0], PeerUp)).peer == 1  # node 0 is the edge leader and redials
+    assert (await next_of(nets[1], PeerUp)).peer == 0
+    await exchange_all({0: nets[0], 1: nets[1]})
+    assert nets[0].stats[1].connections == 2
+
+
+async def test_send_and_event_api_edges(cluster):
+    a = cluster.add(0, [1])
+    await cluster.start(a)
+    with pytest.raises(ValueError, match="not a neighbour"):
+        await a.send(4, Message("value", 0, 0))
+    with pytest.raises(PeerGone, match="not connected"):
+        await a.send(1, Message("value", 0, 0))
+    t0 = time.monotonic()
+    assert await a.next_event(0.05) is None
+    assert time.monotonic() - t0 < 1.0
+    with pytest.raises(RuntimeError, match="already listening"):
+        await a.start()
+    with pytest.raises(ValueError, match="does not match the roster key"):
+        PeerNet(
+            node_id=0,
+            static_key=KEYS[1],
+            roster_keys=ROSTER,
+            addresses={},
+            run_id=RUN,
+            neighbours=[1],
+        )
+    with pytest.raises(ValueError, match="not in the roster"):
+        PeerNet(
+            node_id=0,
+            static_key=KEYS[0],
+            roster_keys=ROSTER,
+            addresses={},
+            run_id=RUN,
+            neighbours=[1, 42],
+        )
+
+
+async def test_start_binds_from_addresses(cluster):
+    addresses = {0: ("127.0.0.1", 0)}
+    net = PeerNet(
+        node_id=0,
+        static_key=KEYS[0],
+        roster_keys=ROSTER,
+        addresses=addresses,
+        run_id=RUN,
+        neighbours=[1],
+    )
+    try:
+        host, port = await net.start()
+        assert host == "127.0.0.1" and port > 0 and net.address == (host, port)
+    finally:
+        await net.close()
+
+
+def test_runs_under_uvloop():
+    uvloop = pytest.importorskip("uvloop")
+
+    async def scenario() -> None:
+        c = Cluster()
+        try:
+            nets = await build(c, EDGES4)
+            await exchange_all(nets)
+            await nets[3].close()
+            assert (await next_of(nets[0], PeerDown)).peer == 3
+        finally:
+            await c.close()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(scenario())
