@@ -66,8 +66,10 @@ log = logging.getLogger("coordinator_free.net")
 
 #: Control frame payload with which an edge's leader selects the connection to use.
 SELECT = b"select"
-#: StreamReader buffer limit; readexactly works beyond it, this only sets the read chunking.
-STREAM_LIMIT = 1 << 20
+#: StreamReader buffer limit: reading pauses once about twice this much is buffered and not yet
+#: consumed (readexactly of a larger frame still works, it resumes reading as it goes). Keeps
+#: what an unauthenticated connection can make us hold small.
+STREAM_LIMIT = 256 << 10
 
 
 # --------------------------------------------------------------------------- events, errors
