@@ -31,7 +31,7 @@ import numpy as np
 
 from . import roster as roster_mod
 from .config import Config
-from .net.transport import Inbound, PeerDown, PeerNet
+from .net.transport import Inbound, PeerDown, PeerNet, PeerUp
 from .net.wire import Message
 from .protocols import muffliato as mf
 from .viewlog import ViewLogWriter
@@ -189,6 +189,13 @@ async def run_peer(
                         down.add(ev.peer)
                         vlog.write("peer-down", step=t, peer=ev.peer, reason=str(ev.reason))
                     waiting.discard(ev.peer)
+                    continue
+                if isinstance(ev, PeerUp):
+                    # The channel is back (the transport redialled): use the peer again from the
+                    # next step on; this step's value may still arrive before the deadline.
+                    if ev.peer in down:
+                        down.discard(ev.peer)
+                        vlog.write("peer-up", step=t, peer=ev.peer)
                     continue
                 if not isinstance(ev, Inbound):
                     continue
