@@ -34,7 +34,7 @@ def _raw(env: dict) -> bytes:
 
 
 @pytest.mark.parametrize("dtype", ["<f8", "<f4", "<i8", "<i4", "|i1", "<u2", "|b1"])
-@pytest.mark.parametrize("shape", [(0,), (1,), (5,), (3, 4), (2, 3, 4)])
+@pytest.mark.parametrize("shape", [(0,), (1,), (5,), (3, 4), (3, 0), (2, 3, 4)])
 def test_array_round_trip(dtype, shape):
     rng = np.random.default_rng(0)
     arr = np.asarray(rng.standard_normal(shape) * 100).astype(dtype)
@@ -44,6 +44,27 @@ def test_array_round_trip(dtype, shape):
     assert out.payload.dtype == np.dtype(dtype)
     assert out.payload.shape == shape
     assert np.array_equal(out.payload, arr)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [None, np.arange(5.0), np.arange(12, dtype="<i2").reshape(3, 4)[:, 1:], np.zeros(0)],
+)
+def test_encoding_is_plain_codec_msgpack(payload):
+    """The hand-written array extension decodes with the codec exactly like codec.pack's."""
+    msg = Message("token", 5, 6, payload=payload, meta={"k": [1, 2]})
+    ours = codec.unpack(encode_message(msg))
+    ref = codec.unpack(
+        codec.pack(_envelope(kind="token", round=5, step=6, payload=payload, meta={"k": [1, 2]}))
+    )
+    assert set(ours) == set(ref)
+    for key in ref:
+        if key == "payload" and payload is not None:
+            assert ours[key].dtype == ref[key].dtype and ours[key].shape == ref[key].shape
+            assert np.array_equal(ours[key], ref[key])
+        else:
+            assert ours[key] == ref[key]
+    assert decode_message(codec.pack(ref)) == msg  # and the codec's own encoding decodes too
 
 
 def test_none_payload_and_meta_round_trip():

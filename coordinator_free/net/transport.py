@@ -392,6 +392,9 @@ class PeerNet:
         conn = self._selected.get(peer)
         if conn is None or conn.closed:
             raise PeerGone(peer, self._last_reason.get(peer, "not connected"))
+        if conn.writer.transport.is_closing():  # lost, and the reader has not noticed yet
+            self._drop(conn, "connection lost", graceful=False)
+            raise PeerGone(peer, "connection lost")
         data = encode_message(msg, max_size=self._max_frame - TAG_SIZE)
         try:
             conn.channel.send(data)
@@ -557,6 +560,9 @@ class PeerNet:
             reason, level, graceful = str(exc) or "timed out", logging.WARNING, False
         except OSError as exc:
             reason, level = f"{type(exc).__name__}: {exc}", logging.INFO
+        except Exception as exc:  # a bug: close the connection, let _task_done log the trace
+            reason, level, graceful = f"internal error: {exc!r}", logging.ERROR, False
+            raise
         finally:
             self._drop(conn, reason, level=level, graceful=graceful)
             if not self._closing:

@@ -6,10 +6,10 @@ A :class:`Message` is encoded as one msgpack map with exactly these fields::
 
 ``payload`` travels as the codec's array extension (dtype, shape, raw C-order bytes), so a
 float64 vector of ``d`` entries costs ``8 d`` bytes plus a header of a few dozen bytes. Encoding
-makes one copy of the array data into the msgpack buffer (none for the contiguous-array
-conversion when the array is already C-contiguous and little-endian); decoding returns a
-**read-only** array that is a view on the buffer msgpack hands to the extension decoder, so no
-further copy is made. Copy it (``np.array(msg.payload)``) before modifying it.
+copies the array data exactly once, into the output buffer (plus one conversion copy if the
+array is not C-contiguous or is big-endian); decoding returns a **read-only** array that is a
+view on the bytes msgpack hands to the extension decoder, so no further copy is made. Copy it
+(``np.array(msg.payload)``) before modifying it. 0-d arrays are refused (send shape ``(1,)``).
 
 Decoding is strict: anything that is not exactly a version-1 envelope with well-typed fields
 raises :class:`WireError` naming the offending field. The encoded size is bounded by
@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from .. import codec
@@ -50,6 +51,7 @@ MAX_META_DEPTH = 4
 
 _KIND_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
 _FIELDS = frozenset({"v", "kind", "round", "step", "payload", "meta"})
+_PAYLOAD_KEY = msgpack.packb("payload")
 _INT_MIN = -(1 << 63)
 _INT_MAX = (1 << 64) - 1  # the msgpack integer range
 
@@ -216,16 +218,36 @@ def encode_message(msg: Message, *, max_size: int = MAX_MESSAGE_SIZE) -> bytes:
         raise WireError(
             f"field 'payload' has {msg.payload.nbytes} bytes, over the message limit {max_size}"
         )
-    data = codec.pack(
+    # The envelope is a 6-entry map whose last entry is the payload. The first five entries go
+    # through the codec; the array extension is written here, so the array's bytes are copied
+    # exactly once, straight into the output buffer (the codec would copy them three times).
+    head = codec.pack(
         {
             "v": WIRE_VERSION,
             "kind": msg.kind,
             "round": msg.round,
             "step": msg.step,
-            "payload": msg.payload,
             "meta": msg.meta,
         }
     )
+    assert head[0] == 0x85  # fixmap with 5 entries
+    parts: list[bytes | memoryview] = [b"\x86", memoryview(head)[1:], _PAYLOAD_KEY]
+    if msg.payload is None:
+        parts.append(b"\xc0")  # nil
+    else:
+        arr = np.ascontiguousarray(msg.payload)
+        if arr.dtype.byteorder == ">":
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        array_header = msgpack.packb([arr.dtype.str, list(arr.shape)])
+        body_len = len(array_header) + arr.nbytes
+        if body_len > 0xFFFFFFFF:
+            raise WireError(f"field 'payload' has {arr.nbytes} bytes, too large for one message")
+        # ext 32: 0xc9, big-endian u32 length, type code (valid msgpack for any length)
+        parts.append(b"\xc9" + body_len.to_bytes(4, "big") + bytes([codec.ARRAY_EXT]))
+        parts.append(array_header)
+        if arr.nbytes:
+            parts.append(memoryview(arr).cast("B"))
+    data = b"".join(parts)
     if len(data) > max_size:
         raise WireError(f"encoded message is {len(data)} bytes, over the limit {max_size}")
     return data
