@@ -24,15 +24,16 @@ class CodecError(ValueError):
 
 def _default(obj):
     if isinstance(obj, np.ndarray):
-        arr = np.ascontiguousarray(obj)
+        # np.require keeps 0-d arrays 0-d (ascontiguousarray would make them 1-d).
+        arr = np.require(obj, requirements="C")
         if arr.dtype.byteorder == ">":
             arr = arr.astype(arr.dtype.newbyteorder("<"))
         dtype = arr.dtype.str
         if dtype not in ALLOWED_DTYPES:
             raise TypeError(f"array dtype {dtype} cannot be encoded")
         header = msgpack.packb([dtype, list(arr.shape)])
-        # memoryview avoids one copy of the array data.
-        return msgpack.ExtType(ARRAY_EXT, header + memoryview(arr).cast("B").tobytes())
+        # ExtType needs bytes, so the array data is copied once here.
+        return msgpack.ExtType(ARRAY_EXT, header + arr.tobytes())
     if isinstance(obj, np.generic):
         return obj.item()
     raise TypeError(f"cannot encode object of type {type(obj).__name__}")
