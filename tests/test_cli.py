@@ -1,0 +1,100 @@
+"""The cfree command line, in process (the end-to-end `cfree run` test is in test_integration)."""
+
+import json
+import stat
+
+import pytest
+
+from coordinator_free import cli, roster
+
+
+def run_cli(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit) as ei:
+        cli.main(["--help"])
+    assert ei.value.code == 0
+    out = capsys.readouterr().out
+    for cmd in ("run", "peer", "keygen", "plan", "audit", "simulate"):
+        assert cmd in out
+
+
+def test_plan_json_shape_for_one_source(capsys):
+    code, out, _ = run_cli(capsys, "plan", "--source", "0", "--method", "exact", "--json")
+    assert code == 0
+    rep = json.loads(out)
+    assert rep["alpha"] == 2.0 and rep["method"] == "exact" and rep["source"] == 0
+    assert [x["observer"] for x in rep["losses"]] == list(range(1, 8))
+    for x in rep["losses"]:
+        assert set(x) >= {"observer", "distance", "rdp", "eps"}
+        assert 0 <= x["rdp"] <= rep["ldp"]["rdp"] + 1e-12
+    assert {x["distance"] for x in rep["losses"]} == {1, 2, 3, 4}
+
+
+def test_plan_paper_method_and_summary(capsys):
+    code, out, _ = run_cli(
+        capsys, "plan", "--method", "paper", "--json", "--set", "graph.kind=hypercube", "--set", "graph.dim=4"
+    )
+    assert code == 0
+    rep = json.loads(out)
+    assert rep["source"] is None and rep["n"] == 16
+    dists = [r["distance"] for r in rep["by_distance"]]
+    assert dists == [1, 2, 3, 4]
+    # Hypercube: the paper's loss depends on the distance only (no spread within a distance).
+    for r in rep["by_distance"]:
+        assert r["factor_mean"] == pytest.approx(r["factor_max"], rel=1e-9)
+    code, out, _ = run_cli(capsys, "plan")
+    assert code == 0 and "worst pair" in out and "LDP baseline" in out
+
+
+def test_plan_rejects_bad_source(capsys):
+    code, _, err = run_cli(capsys, "plan", "--source", "99")
+    assert code == 2 and "--source 99 is not a node id (0..7)" in err
+
+
+def test_config_errors_exit_2_with_the_key(capsys):
+    code, _, err = run_cli(capsys, "simulate", "--set", "privacy.sigma=-1")
+    assert code == 2 and "privacy.sigma must be > 0" in err
+    code, _, err = run_cli(capsys, "plan", "/nonexistent/x.toml")
+    assert code == 2 and "/nonexistent/x.toml does not exist" in err
+
+
+def test_simulate_json(capsys):
+    code, out, _ = run_cli(capsys, "simulate", "--json", "--set", "protocol.steps=30")
+    assert code == 0
+    rep = json.loads(out)
+    assert rep["n"] == 8 and len(rep["finals"]) == 8
+    # 30 steps on a ring of 8: the noisy values have mixed, the MSE dropped a lot.
+    assert rep["mse_by_step"][-1] < 0.5 * rep["mse_by_step"][0]
+
+
+def test_keygen_writes_private_keys_and_roster(capsys, tmp_path):
+    out = tmp_path / "cluster"
+    code, text, _ = run_cli(
+        capsys, "keygen", "--hosts", "127.0.0.1:7001,127.0.0.2:7002,[::1]:7003", "--out", str(out), "--json"
+    )
+    assert code == 0
+    info = json.loads(text)
+    ros = roster.load_roster(out / "roster.json")
+    assert info["nodes"] == 3 and ros.addresses()[2] == ("::1", 7003)
+    for i in range(3):
+        p = roster.key_path(out / "keys", i)
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600
+        roster.check_key_matches(ros, i, roster.load_private_key(p))
+    # Never overwrite keys.
+    code, _, err = run_cli(capsys, "keygen", "--nodes", "3", "--out", str(out))
+    assert code == 2 and "already exists" in err
+
+
+def test_keygen_rejects_bad_hosts(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "keygen", "--hosts", "nohostport", "--out", str(tmp_path / "k"))
+    assert code == 2 and "is not host:port" in err
+
+
+def test_audit_of_a_non_run_directory(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "audit", str(tmp_path))
+    assert code == 2 and "not a run directory" in err
