@@ -294,7 +294,7 @@ def _print_run_summary(summary: dict, audit: dict | None) -> None:
             [str(r["node"]), _fmt(r["error"]), f"{r['steps_per_s']:.1f}", str(r["bytes_sent"]),
              str(r["bytes_received"]), str(r["missed"])]
         )  # fmt: skip
-    print(_table(["node", "|est - mean|", "steps/s", "bytes sent", "bytes recv", "missed"], rows))
+    print(_table(["node", "|est - mean|", "rounds/s", "bytes sent", "bytes recv", "missed"], rows))
     fin = [r for r in nodes if r["finished"]]
     if fin:
         print(

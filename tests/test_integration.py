@@ -111,7 +111,7 @@ def test_cli_run_default_prints_summary(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
-    assert "true mean" in text and "steps/s" in text and "bytes sent" in text
+    assert "true mean" in text and "rounds/s" in text and "bytes sent" in text
     assert "pairwise network DP" in text and "exact max" in text
     assert "(bitwise equal)" in text
     summary = json.loads((out / "summary.json").read_text())
