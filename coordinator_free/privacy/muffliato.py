@@ -1,0 +1,813 @@
+"""Pairwise privacy loss of Muffliato gossip averaging (exact and the paper's Eq. (6)).
+
+Mechanism (what the peers run). Node v publishes nothing but gossip messages; its noisy input is
+``y_v = x_v + eta_v``, ``eta_v ~ N(0, sigma^2 I_D)``, and ``x^0 = y``. For steps t = 0..T-1 every
+node sends ``x_v^t`` to its neighbours and then sets
+
+    x^{t+1} = gamma_t M_t x^t + (1 - gamma_t) x^{t-1},     gamma_0 = 1 (so x^1 = M_0 x^0).
+
+Fault-free, ``M_t = W`` (public, symmetric, doubly stochastic); ``gamma_t = gamma`` (Chebyshev) for
+t >= 1 when accelerated, else 1. When v misses w's step-t message it uses its own value instead:
+row v of the *realised* ``M_t`` has ``M_t[v, w] = 0`` and ``M_t[v, v] = W_vv + (missed weights)``.
+Hence ``x^t = C_t y`` with ``C_0 = I``, ``C_1 = M_0``, ``C_{t+1} = gamma_t M_t C_t + (1-gamma_t) C_{t-1}``.
+A schedule is the list ``steps = [(M_0, gamma_0), ..., (M_{T-1}, gamma_{T-1})]``; message (t, w)
+carries row ``C_t[w, :]`` applied to y. ``M_{T-1}`` only produces the output x^T, which is never
+sent, so it does not enter any view.
+
+Observer v's view: its own ``x_v`` and ``eta_v`` and every message (t, w) it *observed* (including
+a late one it did not use in its update: what v saw is what counts for privacy, what v used is
+what defines ``M_t``).
+
+Losses are returned as unitless **factors** of the local-DP loss ``L = alpha Delta^2 / (2 sigma^2)``:
+``RDP_{u->v}(alpha) = factor_{u->v} * L``. Use :func:`coordinator_free.privacy.rdp.rho_from_factor`
+to get ``rho`` (RDP = alpha * rho) and the conversions there for (eps, delta).
+
+* **exact**: ``factor_{u->v} = [Pi_v]_{uu}``, Pi_v the orthogonal projector onto
+  ``span{e_v} + span{C_t[w, :] : (t, w) observed by v}``. This *is* the Rényi divergence of v's
+  whole Gaussian view divided by L (research note 000, section 3.9). In [0, 1]; ``factor_{v->v} = 1``.
+* **paper**: Eq. (6) of the Muffliato paper, ``sum_{(t, w) observed} C_t[w, u]^2 / ||C_t[w, :]||^2``
+  (t = 0 included, raw, not capped). It is *not* an upper bound on the exact loss; the paper's code
+  reports ``min(factor, 1)`` (see :func:`ldp_capped`).
+
+Numerics of the exact factor. The message rows are nearly collinear (``C_t -> 11^T/n``) while
+the small directions they span are real information, so raw rows or powers are never
+orthogonalised. Instead:
+
+* fixed W, fault-free (:func:`plan_factors`): the span is the block Krylov space
+  ``K_T(W, [e_v, e_{N(v)}])`` (the Chebyshev polynomial P_t has exact degree t, so accelerated and
+  plain gossip give the same span). It is built by block Lanczos with full re-orthogonalisation
+  (twice) and rank-revealing SVD of each new block;
+* general realised schedule (:func:`exact_factors`): the span is built *backwards in time* from
+  orthonormal bases, ``S_t = A_t^T S_{t+1} + span{new unit vectors}`` where ``A_t`` is the one-step
+  map of the (stacked, for gamma != 1) recursion; each step applies a bounded, for gamma != 1
+  well-conditioned, map to an orthonormal basis and re-orthonormalises, the same way a Krylov
+  method does.
+
+Every rank decision is an SVD of an orthogonalised block. Singular values at or below
+``DROP_TOL`` (roundoff level of the accumulated basis) are deflated as true rank deficiency;
+values above ``KEEP_TOL`` are real directions. A value in between cannot be told apart from
+roundoff in float64: with ``strict=True`` (default) :class:`NumericalRankError` is raised; with
+``strict=False`` it is kept (over-estimating the loss rather than hiding a direction) and counted
+in the diagnostics. For small schedules :func:`exact_factors_rational` computes the same factor in
+exact rational arithmetic on the float64 inputs (every float is a dyadic rational), for
+certification and tests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+import scipy.sparse as sp
+
+__all__ = [
+    "DROP_TOL",
+    "KEEP_TOL",
+    "NumericalRankError",
+    "RankDiagnostics",
+    "fault_free_steps",
+    "fault_free_received",
+    "apply_misses",
+    "realised_coefficients",
+    "paper_factors",
+    "exact_factors",
+    "exact_factors_rational",
+    "exact_upper_factors",
+    "ExactTooLargeError",
+    "plan_factors",
+    "plan_exact_diagnostics",
+    "ldp_capped",
+    "distance_summary",
+]
+
+#: Singular values of an orthogonalised new block at or below this (relative to the norm of the
+#: one-step map) are treated as exact rank deficiency. Measured roundoff residuals of exactly
+#: invariant Krylov spaces reach ~1e-11 on symmetric graphs (8x8 grid, T = 24).
+DROP_TOL = 1e-10
+#: Singular values at or above this are real directions. Between the two is the ambiguous band.
+#: Measured genuine directions go down to ~5e-6 on small random geometric graphs.
+KEEP_TOL = 1e-7
+
+
+class NumericalRankError(ArithmeticError):
+    """A rank decision fell in the band float64 cannot resolve (see module doc)."""
+
+
+@dataclass(frozen=True)
+class RankDiagnostics:
+    """How clear-cut the rank decisions of one exact computation were.
+
+    ``dim``: dimension of the observed span (including e_v). ``min_kept``: smallest singular value
+    accepted as a direction (inf if none was tested). ``max_dropped``: largest singular value
+    deflated (0 if none). ``ambiguous``: number of kept values inside (DROP_TOL, KEEP_TOL).
+    """
+
+    dim: int
+    min_kept: float
+    max_dropped: float
+    ambiguous: int
+
+    def merge(self, other: RankDiagnostics) -> RankDiagnostics:
+        return RankDiagnostics(
+            dim=max(self.dim, other.dim),
+            min_kept=min(self.min_kept, other.min_kept),
+            max_dropped=max(self.max_dropped, other.max_dropped),
+            ambiguous=self.ambiguous + other.ambiguous,
+        )
+
+
+class _Ranks:
+    """Accumulates rank decisions and applies the tolerance policy."""
+
+    def __init__(self, strict: bool, where: str) -> None:
+        self.strict = strict
+        self.where = where
+        self.min_kept = math.inf
+        self.max_dropped = 0.0
+        self.ambiguous = 0
+
+    def count(self, s: np.ndarray, scale: float) -> int:
+        """Number of leading singular values (sorted decreasingly) that are directions."""
+        rel = s / scale if scale > 0 else s
+        keep = int(np.count_nonzero(rel > DROP_TOL))
+        if keep:
+            self.min_kept = min(self.min_kept, float(rel[keep - 1]))
+        if keep < rel.size:
+            self.max_dropped = max(self.max_dropped, float(rel[keep]))
+        amb = int(np.count_nonzero((rel > DROP_TOL) & (rel < KEEP_TOL)))
+        if amb:
+            if self.strict:
+                raise NumericalRankError(
+                    f"{self.where}: a new direction has relative size "
+                    f"{float(rel[(rel > DROP_TOL) & (rel < KEEP_TOL)].min()):.3g}, inside the "
+                    f"band ({DROP_TOL:g}, {KEEP_TOL:g}) where float64 cannot tell a real direction "
+                    "from roundoff. Use exact_factors_rational for a small schedule, or "
+                    "strict=False to keep such directions (over-estimates the loss)"
+                )
+            self.ambiguous += amb
+        return keep
+
+    def diagnostics(self, dim: int) -> RankDiagnostics:
+        return RankDiagnostics(dim, self.min_kept, self.max_dropped, self.ambiguous)
+
+
+def _extend(basis: np.ndarray, block: np.ndarray, scale: float, ranks: _Ranks) -> np.ndarray:
+    """Orthonormal basis of span(basis) + span(block); ``basis`` is orthonormal (n x r).
+
+    Two passes of block classical Gram-Schmidt, SVD of the residual, deflation by ``ranks``,
+    then one more projection of the accepted directions (they may be tiny before normalisation)
+    and a QR to restore orthonormality to working precision.
+    """
+    if block.shape[1] == 0:
+        return basis
+    z = np.array(block, dtype=np.float64, copy=True)
+    if basis.shape[1]:
+        for _ in range(2):
+            z -= basis @ (basis.T @ z)
+    u, s, _ = np.linalg.svd(z, full_matrices=False)
+    k = ranks.count(s, scale)
+    if k == 0:
+        return basis
+    q = u[:, :k]
+    if basis.shape[1]:
+        q = q - basis @ (basis.T @ q)
+    q, _ = np.linalg.qr(q)
+    return np.hstack([basis, q]) if basis.shape[1] else q
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedules
+# ---------------------------------------------------------------------------------------------
+
+Step = tuple[np.ndarray, float]
+
+
+def _check_w(w: np.ndarray) -> np.ndarray:
+    w = np.asarray(w, dtype=np.float64)
+    if w.ndim != 2 or w.shape[0] != w.shape[1] or w.shape[0] < 1:
+        raise ValueError(f"gossip matrix must be square, got shape {w.shape}")
+    if not np.array_equal(w, w.T):
+        raise ValueError("the fixed gossip matrix W must be exactly symmetric")
+    return w
+
+
+def _gamma_for(w: np.ndarray) -> float:
+    from coordinator_free.graphs import chebyshev_gamma, spectral_gap
+
+    return chebyshev_gamma(spectral_gap(w))
+
+
+def fault_free_steps(
+    w: np.ndarray, steps: int, accelerated: bool, gamma: float | None = None
+) -> list[Step]:
+    """The fault-free schedule ``[(W, 1), (W, gamma), ...]`` of ``steps`` steps.
+
+    ``gamma`` defaults to ``chebyshev_gamma(spectral_gap(W))`` when accelerated.
+    """
+    w = _check_w(w)
+    if steps < 1:
+        raise ValueError("a schedule needs at least one step")
+    g = (gamma if gamma is not None else _gamma_for(w)) if accelerated else 1.0
+    return [(w, 1.0 if t == 0 else float(g)) for t in range(steps)]
+
+
+def _neighbours(w: np.ndarray, v: int) -> list[int]:
+    return [int(x) for x in np.flatnonzero(w[v]) if x != v]
+
+
+def fault_free_received(w: np.ndarray, observer: int, steps: int) -> list[tuple[int, int]]:
+    """Messages (t, w) observer v gets in a fault-free run: every neighbour, every t < steps."""
+    w = np.asarray(w)
+    return [(t, x) for t in range(steps) for x in _neighbours(w, observer)]
+
+
+def apply_misses(w: np.ndarray, missed: Iterable[tuple[int, int]]) -> np.ndarray:
+    """Realised step matrix: for each (v, x) in ``missed`` (v did not get x's message in time),
+    ``M[v, x] = 0`` and ``M[v, v] = W_vv + sum of v's missed weights``."""
+    m = np.array(w, dtype=np.float64, copy=True)
+    extra: dict[int, list[float]] = {}
+    for v, x in missed:
+        if v == x:
+            raise ValueError(f"node {v} cannot miss its own message")
+        if m[v, x] != 0.0:
+            extra.setdefault(v, []).append(float(m[v, x]))
+            m[v, x] = 0.0
+    for v, vals in extra.items():
+        m[v, v] = math.fsum([float(w[v, v]), *vals])
+    return m
+
+
+def _check_steps(steps: Sequence[Step]) -> tuple[list[np.ndarray], list[float], int]:
+    if len(steps) == 0:
+        raise ValueError("empty schedule")
+    ms: list[np.ndarray] = []
+    gs: list[float] = []
+    n = None
+    for t, (m, g) in enumerate(steps):
+        m = np.asarray(m, dtype=np.float64)
+        if m.ndim != 2 or m.shape[0] != m.shape[1]:
+            raise ValueError(f"step {t}: M_t must be square, got shape {m.shape}")
+        if n is None:
+            n = m.shape[0]
+        elif m.shape[0] != n:
+            raise ValueError(f"step {t}: M_t has size {m.shape[0]}, expected {n}")
+        g = float(g)
+        if not math.isfinite(g):
+            raise ValueError(f"step {t}: gamma must be finite")
+        ms.append(m)
+        gs.append(g)
+    if gs[0] != 1.0:
+        raise ValueError("gamma_0 must be 1 (x^1 = M_0 x^0; x^{-1} does not exist)")
+    assert n is not None
+    return ms, gs, n
+
+
+def _check_received(
+    received: Iterable[tuple[int, int]], observer: int, n: int, steps: int
+) -> list[tuple[int, int]]:
+    if not 0 <= observer < n:
+        raise ValueError(f"observer {observer} out of range 0..{n - 1}")
+    out = sorted({(int(t), int(x)) for t, x in received})
+    for t, x in out:
+        if not 0 <= t < steps:
+            raise ValueError(f"message ({t}, {x}): step out of range 0..{steps - 1}")
+        if not 0 <= x < n:
+            raise ValueError(f"message ({t}, {x}): sender out of range 0..{n - 1}")
+        if x == observer:
+            raise ValueError(f"message ({t}, {x}): the observer does not receive from itself")
+    return out
+
+
+def realised_coefficients(steps: Sequence[Step]) -> np.ndarray:
+    """``C_0, ..., C_{T-1}`` as an array of shape (T, n, n) (float64).
+
+    Row ``C_t[w]`` is the noise/input coefficient vector of the message w sends at step t. These
+    rows are fine for Eq. (6) but must not be orthogonalised directly (see module doc).
+    """
+    ms, gs, n = _check_steps(steps)
+    T = len(ms)
+    c = np.empty((T, n, n))
+    c[0] = np.eye(n)
+    if T > 1:
+        c[1] = ms[0]
+    for t in range(1, T - 1):
+        c[t + 1] = gs[t] * (ms[t] @ c[t]) + (1.0 - gs[t]) * c[t - 1]
+    return c
+
+
+# ---------------------------------------------------------------------------------------------
+# Eq. (6), general schedule
+# ---------------------------------------------------------------------------------------------
+
+
+def paper_factors(
+    steps: Sequence[Step], observer: int, received: Iterable[tuple[int, int]]
+) -> np.ndarray:
+    """Eq. (6): ``f[u] = sum_{(t,w) observed} C_t[w,u]^2 / ||C_t[w,:]||^2``, shape (n,).
+
+    Raw (not capped at 1, so it can exceed the LDP loss; ``f.sum()`` equals the number of
+    observed messages). Entry ``observer`` is the same raw sum; it is not a loss of anyone.
+    """
+    ms, _, n = _check_steps(steps)
+    rec = _check_received(received, observer, n, len(ms))
+    out = np.zeros(n)
+    if not rec:
+        return out
+    c = realised_coefficients(steps)
+    for t, x in rec:
+        row = c[t, x]
+        out += row * row / float(row @ row)
+    return out
+
+
+def ldp_capped(factors: np.ndarray) -> np.ndarray:
+    """``min(factor, 1)``: the paper's code clips Eq. (6) at the LDP loss (valid by post-processing)."""
+    return np.minimum(np.asarray(factors, dtype=np.float64), 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact factor in rational arithmetic (small schedules, certification)
+# ---------------------------------------------------------------------------------------------
+
+#: Limits of :func:`exact_factors_rational`: node count and the size (in bits) of the integers
+#: representing C_t over its power-of-two denominator. Past them it raises ValueError.
+RATIONAL_MAX_NODES = 64
+RATIONAL_MAX_BITS = 200_000
+
+
+def _dyadic(x: float) -> tuple[int, int]:
+    """x = num / 2^k exactly."""
+    num, den = Fraction(x).as_integer_ratio()
+    k = den.bit_length() - 1
+    assert den == 1 << k
+    return num, k
+
+
+def _content_free(r: list[int]) -> list[int]:
+    g = 0
+    for c in r:
+        if c:
+            g = math.gcd(g, c)
+            if g == 1:
+                return r
+    return [c // g for c in r] if g > 1 else r
+
+
+def _reduce_into(basis: list[tuple[int, list[int]]], r: list[int]) -> list[tuple[int, list[int]]]:
+    """Exact fraction-free reduction of integer row r against an echelon basis whose rows are
+    zero at each other's pivots; returns the basis, extended (and kept mutually reduced) when r
+    is independent."""
+    for p, b in basis:
+        c = r[p]
+        if c:
+            a = b[p]
+            r = _content_free([a * ri - c * bi for ri, bi in zip(r, b, strict=True)])
+    piv = next((j for j, c in enumerate(r) if c), None)
+    if piv is None:
+        return basis
+    if r[piv] < 0:
+        r = [-c for c in r]
+    out = []
+    for p, b in basis:
+        c = b[piv]
+        if c:
+            a = r[piv]
+            b = _content_free([a * bi - c * ri for bi, ri in zip(b, r, strict=True)])
+            if b[p] < 0:
+                b = [-bi for bi in b]
+        out.append((p, b))
+    out.append((piv, r))
+    out.sort(key=lambda e: e[0])
+    return out
+
+
+def exact_factors_rational(
+    steps: Sequence[Step], observer: int, received: Iterable[tuple[int, int]]
+) -> np.ndarray:
+    """Exact loss factors computed in exact rational arithmetic on the float64 inputs.
+
+    Every float64 is a dyadic rational, so the rows C_t[w] are computed exactly as integer
+    vectors over a power-of-two denominator; the span (with coordinate v dropped, as v knows its
+    own noise) is row-reduced exactly over the integers (fraction-free, content removed), which
+    decides the rank with no tolerance. The projector diagonal is then formed from the exact
+    reduced echelon basis [I | X] (Gram matrix I + X X^T, condition <= 1 + ||X||^2) in mpmath with
+    enough bits for that condition. Limits: ``RATIONAL_MAX_NODES`` nodes and
+    ``RATIONAL_MAX_BITS`` bits of row data; intended for tests and small audits.
+    """
+    import mpmath
+
+    ms, gs, n = _check_steps(steps)
+    T = len(ms)
+    rec = _check_received(received, observer, n, T)
+    if n > RATIONAL_MAX_NODES:
+        raise ValueError(
+            f"exact_factors_rational supports at most {RATIONAL_MAX_NODES} nodes, got {n}"
+        )
+    # Integer representation: M_t = Mi_t / 2^{s_t}, gamma_t = gn_t / 2^{gk_t}.
+    mi: list[list[list[tuple[int, int]]]] = []  # per t, per row: [(col, int)]
+    ms_k: list[int] = []
+    for m in ms:
+        entries = [[(j, *_dyadic(float(m[i, j]))) for j in np.flatnonzero(m[i])] for i in range(n)]
+        k = max((e[2] for row in entries for e in row), default=0)
+        mi.append([[(j, num << (k - kk)) for j, num, kk in row] for row in entries])
+        ms_k.append(k)
+    # C_t as lists of int rows over denominator 2^{e_t}; observed rows (coordinate v dropped) are
+    # row-reduced as soon as they are produced, and the recursion stops once the span is full.
+    need = max((t for t, _ in rec), default=0)
+    by_t: dict[int, list[int]] = {}
+    for t, x in rec:
+        by_t.setdefault(t, []).append(x)
+    m_cols = n - 1
+    basis: list[tuple[int, list[int]]] = []  # (pivot col, row); zero at every other pivot
+    prev: list[list[int]] | None = None
+    cur = [[1 if i == j else 0 for j in range(n)] for i in range(n)]
+    cur_e = prev_e = 0
+    for t in range(need + 1):
+        for x in by_t.get(t, []):
+            if len(basis) == m_cols:
+                break
+            basis = _reduce_into(basis, [c for j, c in enumerate(cur[x]) if j != observer])
+        if t == need or len(basis) == m_cols:
+            break
+        bits = max((abs(c).bit_length() for row in cur for c in row), default=0)
+        if bits > RATIONAL_MAX_BITS:
+            raise ValueError(
+                f"exact_factors_rational: coefficients exceed {RATIONAL_MAX_BITS} bits at step "
+                f"{t}; the schedule is too long for exact arithmetic"
+            )
+        mrow = mi[t]
+        prod = [[0] * n for _ in range(n)]
+        for i in range(n):
+            acc = prod[i]
+            for j, a in mrow[i]:
+                for col, cj in enumerate(cur[j]):
+                    if cj:
+                        acc[col] += a * cj
+        prod_e = cur_e + ms_k[t]
+        if gs[t] == 1.0 or prev is None:
+            nxt, nxt_e = prod, prod_e
+        else:
+            gn, gk = _dyadic(gs[t])
+            hn = (1 << gk) - gn  # (1 - gamma) * 2^gk
+            e1, e2 = prod_e + gk, prev_e + gk
+            e = max(e1, e2)
+            s1, s2 = e - e1, e - e2
+            nxt = [
+                [((gn * a) << s1) + ((hn * b) << s2) for a, b in zip(pr, pv, strict=True)]
+                for pr, pv in zip(prod, prev, strict=True)
+            ]
+            nxt_e = e
+        tz = min((((c & -c).bit_length() - 1) for row in nxt for c in row if c), default=0)
+        tz = min(tz, nxt_e)
+        if tz:
+            nxt = [[c >> tz for c in row] for row in nxt]
+            nxt_e -= tz
+        prev, prev_e = cur, cur_e
+        cur, cur_e = nxt, nxt_e
+
+    f = np.zeros(n)
+    f[observer] = 1.0
+    rank = len(basis)
+    if rank == 0:
+        return f
+    others = [j for j in range(n) if j != observer]
+    if rank == m_cols:
+        f[:] = 1.0
+        return f
+    # Reduced echelon: row i = b_i / b_i[p_i] is [I | X] after permuting pivot columns first.
+    pivots = [p for p, _ in basis]
+    nonpiv = [j for j in range(m_cols) if j not in set(pivots)]
+    xs = [[Fraction(b[j], b[p]) for j in nonpiv] for p, b in basis]
+    xmax = max((abs(v) for row in xs for v in row), default=Fraction(0))
+    cond_bits = 2 * (int(xmax).bit_length() + 1) + 2 * max(rank, 1).bit_length()
+    with mpmath.workprec(128 + cond_bits):
+        xm = mpmath.matrix([[mpmath.mpf(v.numerator) / v.denominator for v in row] for row in xs])
+        g = mpmath.eye(rank) + xm * xm.T
+        # P = R^T G^{-1} R with R = [I | X]: diag at pivot i: (G^{-1})_{ii};
+        # at non-pivot j: x_j^T G^{-1} x_j.
+        ginv = mpmath.inverse(g)
+        for i, p in enumerate(pivots):
+            f[others[p]] = float(ginv[i, i])
+        y = ginv * xm
+        for k, j in enumerate(nonpiv):
+            f[others[j]] = float(sum(xm[i, k] * y[i, k] for i in range(rank)))
+    return np.clip(f, 0.0, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixed W, fault-free plan
+# ---------------------------------------------------------------------------------------------
+
+
+#: Below this relative size the fast Gram-matrix orthonormalisation of a new Lanczos block is not
+#: trusted and the block goes through the SVD path of :func:`_extend`.
+_GRAM_SAFE = 1e-4
+
+
+def _lanczos_from(
+    ws: sp.csr_matrix, start: np.ndarray, n: int, steps: int, ranks: _Ranks
+) -> np.ndarray:
+    """Orthonormal basis of the block Krylov space K_steps(W, start), ``start`` orthonormal.
+
+    Block Lanczos with full re-orthogonalisation (twice): each new block ``W Q_{j-1}`` is
+    orthogonalised against the whole basis, then its singular values decide its rank
+    (``ranks`` policy) and only directions at roundoff level are deflated. Stops early once the
+    space is invariant. ||W||_2 = 1 for a symmetric stochastic W, so singular values are
+    already relative.
+
+    Speed: the singular values come from the eigenvalues of the small Gram matrix of the block.
+    When each is either >= _GRAM_SAFE or <= DROP_TOL / 2 the kept directions are orthonormalised
+    by two Gram (Cholesky-QR2 style) passes, accurate to working precision at that conditioning.
+    Otherwise the block goes through the SVD of :func:`_extend` (same deflation policy, third
+    projection, QR).
+    """
+    r = start.shape[1]
+    b = max(r, 1)
+    cap = min(n, b * steps) + b
+    basis = np.empty((n, cap))
+    basis[:, :r] = start
+    last = start
+    for _ in range(1, steps):
+        kv = last.shape[1]
+        if r >= n or kv == 0:
+            break
+        z = np.asarray(ws @ last)
+        bs = basis[:, :r]
+        for _ in range(2):
+            z -= bs @ (bs.T @ z)
+        lam, vec = np.linalg.eigh(z.T @ z)
+        lam, vec = lam[::-1], vec[:, ::-1]
+        # The Gram eigenvalues are accurate to ~eps * lam_max in absolute terms. When each is
+        # either clearly a direction (>= _GRAM_SAFE^2) or clearly roundoff (<= (DROP_TOL/2)^2),
+        # the decision is clear-cut and the eigenvectors of the kept ones are well separated.
+        big = int(np.count_nonzero(lam >= _GRAM_SAFE * _GRAM_SAFE))
+        tiny = int(np.count_nonzero(lam <= 0.25 * DROP_TOL * DROP_TOL))
+        if big + tiny == kv and r + big <= n:
+            ranks.count(np.sqrt(np.maximum(lam, 0.0)), 1.0)
+            if big == 0:
+                break
+            sv = np.sqrt(lam[:big])
+            q = z @ (vec[:, :big] / sv)
+            if tiny:
+                q -= bs @ (bs.T @ q)
+            l2, v2 = np.linalg.eigh(q.T @ q)
+            q = q @ (v2 / np.sqrt(l2))
+        else:
+            q = _extend(bs, z, 1.0, ranks)[:, r:]
+        k = q.shape[1]
+        if k == 0:
+            break
+        if r + k > cap:
+            cap = max(2 * cap, r + k)
+            grown = np.empty((n, cap))
+            grown[:, :r] = basis[:, :r]
+            basis = grown
+        basis[:, r : r + k] = q
+        r += k
+        last = q
+    return basis[:, :r]
+
+
+def _lanczos_basis(
+    ws: sp.csr_matrix, start_cols: list[int], n: int, steps: int, ranks: _Ranks
+) -> np.ndarray:
+    """K_steps(W, [e_i for i in start_cols]) (distinct indices, so already orthonormal)."""
+    q = np.zeros((n, len(start_cols)))
+    q[start_cols, range(len(start_cols))] = 1.0
+    return _lanczos_from(ws, q, n, steps, ranks)
+
+
+def _chebyshev_columns(ws, cols: np.ndarray, steps: int, gamma: float):
+    """Yields C_t[:, cols] for t = 0..steps-1 (C_t = P_t(W), symmetric)."""
+    prev = None
+    cur = cols
+    for t in range(steps):
+        yield t, cur
+        if t == steps - 1:
+            break
+        nxt = ws @ cur
+        if t >= 1 and gamma != 1.0:
+            nxt = gamma * nxt + (1.0 - gamma) * prev
+        prev, cur = cur, nxt
+
+
+def plan_factors(
+    w: np.ndarray,
+    steps: int,
+    accelerated: bool,
+    *,
+    method: str,
+    observers: Sequence[int] | None = None,
+    sources: Sequence[int] | None = None,
+    gamma: float | None = None,
+    strict: bool = True,
+) -> np.ndarray:
+    """Fault-free loss factors ``F[i, j]`` = factor of source ``sources[j]`` towards observer
+    ``observers[i]`` (defaults: all nodes), for the fixed symmetric W, ``steps`` = T gossip
+    steps, plain or Chebyshev-accelerated (``gamma`` defaults to the optimal one).
+
+    ``method="exact"``: per observer block Lanczos on K_T(W, [e_v, e_N(v)]); accelerated and
+    plain give the same result. ``F[v, v] = 1``.
+    ``method="paper"``: Eq. (6) with C_t = P_t(W) (accelerated) or W^t, t = 0..T-1, via the
+    sparse recursion on dense n x n (memory 3 n^2 floats). ``F[v, v]`` is the raw sum.
+    """
+    w = _check_w(w)
+    n = w.shape[0]
+    if steps < 1:
+        raise ValueError("steps must be >= 1")
+    obs = np.arange(n) if observers is None else np.asarray(observers, dtype=np.int64)
+    src = np.arange(n) if sources is None else np.asarray(sources, dtype=np.int64)
+    for name, arr in (("observers", obs), ("sources", src)):
+        if arr.size and (arr.min() < 0 or arr.max() >= n):
+            raise ValueError(f"{name} out of range 0..{n - 1}")
+    ws = sp.csr_matrix(w)
+    if method == "exact":
+        out = np.empty((obs.size, src.size))
+        for i, v in enumerate(obs.tolist()):
+            ranks = _Ranks(strict, f"observer {v}")
+            q = _lanczos_basis(ws, [v, *_neighbours(w, v)], n, steps, ranks)
+            qs = q[src]
+            out[i] = np.clip(np.einsum("ij,ij->i", qs, qs), 0.0, 1.0)
+        out[obs[:, None] == src[None, :]] = 1.0
+        return out
+    if method == "paper":
+        g = (gamma if gamma is not None else _gamma_for(w)) if accelerated else 1.0
+        adj = ws.copy()
+        adj.setdiag(0.0)
+        adj.eliminate_zeros()
+        adj.data[:] = 1.0
+        adj_obs = adj[obs]
+        acc = np.zeros((obs.size, src.size))
+        for _, c in _chebyshev_columns(ws, np.eye(n), steps, g):
+            # C_t is symmetric: row norms are column norms.
+            norms = np.einsum("ij,ij->j", c, c)
+            cs = c[:, src] if sources is not None else c
+            acc += adj_obs @ (cs * cs / norms[:, None])
+        return acc
+    raise ValueError(f"unknown method {method!r}; expected 'exact' or 'paper'")
+
+
+def plan_exact_diagnostics(
+    w: np.ndarray, steps: int, observers: Sequence[int] | None = None
+) -> RankDiagnostics:
+    """Merged :class:`RankDiagnostics` of the exact plan for the given observers (non-strict)."""
+    w = _check_w(w)
+    n = w.shape[0]
+    ws = sp.csr_matrix(w)
+    out = RankDiagnostics(0, math.inf, 0.0, 0)
+    for v in range(n) if observers is None else observers:
+        ranks = _Ranks(False, f"observer {v}")
+        q = _lanczos_basis(ws, [v, *_neighbours(w, v)], n, steps, ranks)
+        out = out.merge(ranks.diagnostics(q.shape[1]))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact factor, general realised schedule (dispatch) and the Krylov upper bound
+# ---------------------------------------------------------------------------------------------
+
+
+class ExactTooLargeError(ValueError):
+    """The schedule is not fault-free and too large for exact rational arithmetic."""
+
+
+def _check_used_observed(ms: list[np.ndarray], observer: int, rec: list[tuple[int, int]]) -> None:
+    """Every message the observer *used* (M_t[v, w] != 0) must be among those it observed."""
+    seen = set(rec)
+    for t, m in enumerate(ms):
+        for x in np.flatnonzero(m[observer]):
+            x = int(x)
+            if x != observer and (t, x) not in seen:
+                raise ValueError(
+                    f"inconsistent schedule: observer {observer} uses the step-{t} message of "
+                    f"node {x} (M_{t}[{observer}, {x}] != 0) but it is not listed as received"
+                )
+
+
+def _fixed_w(ms: list[np.ndarray], gs: list[float]) -> np.ndarray | None:
+    """W if the schedule is fault-free with one symmetric W and one gamma for t >= 1."""
+    w = ms[0]
+    if not np.array_equal(w, w.T):
+        return None
+    if any(m is not w and not np.array_equal(m, w) for m in ms[1:]):
+        return None
+    if len(set(gs[1:])) > 1:
+        return None
+    return w
+
+
+def exact_factors(
+    steps: Sequence[Step],
+    observer: int,
+    received: Iterable[tuple[int, int]],
+    *,
+    strict: bool = True,
+) -> np.ndarray:
+    """Exact loss factors ``[Pi_v]_{uu}`` for every source u, shape (n,), for a realised
+    schedule (any rows M_t, any gammas with gamma_0 = 1, missed and late messages).
+
+    * Fault-free fixed W, and the observer saw exactly its neighbours' messages at every step:
+      block Lanczos on K_T(W, [e_v, e_N(v)]) (any n; same as :func:`plan_factors`).
+    * Otherwise: :func:`exact_factors_rational` (exact; at most ``RATIONAL_MAX_NODES`` nodes).
+      Larger faulty schedules raise :class:`ExactTooLargeError`; :func:`exact_upper_factors`
+      then gives a numerically stable upper bound.
+
+    Raises ValueError if the observer used a message it is not listed as having received.
+    """
+    ms, gs, n = _check_steps(steps)
+    rec = _check_received(received, observer, n, len(ms))
+    _check_used_observed(ms, observer, rec)
+    w = _fixed_w(ms, gs)
+    if w is not None and set(rec) == set(fault_free_received(w, observer, len(ms))):
+        return plan_factors(w, len(ms), False, method="exact", observers=[observer], strict=strict)[
+            0
+        ]
+    if n > RATIONAL_MAX_NODES:
+        raise ExactTooLargeError(
+            f"exact loss of a schedule with faults needs exact arithmetic, supported up to "
+            f"{RATIONAL_MAX_NODES} nodes (got {n}); use exact_upper_factors for an upper bound"
+        )
+    return exact_factors_rational(steps, observer, rec)
+
+
+def exact_upper_factors(
+    w: np.ndarray,
+    steps: Sequence[Step],
+    observer: int,
+    received: Iterable[tuple[int, int]],
+    *,
+    strict: bool = True,
+) -> np.ndarray:
+    """Upper bound on the exact factors of a realised schedule whose rows deviate from a fixed
+    symmetric W (missed messages, late messages, any gammas), computed stably for any n.
+
+    With ``M_s = W + D_s``, every observed row satisfies
+    ``C_t^T e_w in span{W^k e_w, W^k r : k < T, r in rowspace(D_s), s <= T-2}`` (expand the
+    products of ``M_s^T = W + D_s^T``; ``D_s^T x`` lies in the row space of D_s, which for a miss
+    (v, x) is ``e_v - e_x``). So the observed span lies in the block Krylov space
+    ``K_T(W, [e_v, senders, rowspaces of D_s])`` and the projection onto it bounds the factor
+    from above. Equal to the exact factor when the schedule is fault-free.
+    """
+    w = _check_w(w)
+    ms, _, n = _check_steps(steps)
+    if w.shape[0] != n:
+        raise ValueError("W and the schedule have different sizes")
+    rec = _check_received(received, observer, n, len(ms))
+    _check_used_observed(ms, observer, rec)
+    eye = np.eye(n)
+    cols = [observer, *sorted({x for _, x in rec})]
+    start = eye[:, cols]
+    extra = []
+    for m in ms[: max(len(ms) - 1, 0)]:
+        d = m - w
+        rows = np.flatnonzero(np.any(d != 0.0, axis=1))
+        if rows.size:
+            extra.append(d[rows].T)
+    ranks = _Ranks(strict, f"observer {observer}")
+    basis = _extend(np.zeros((n, 0)), start, 1.0, ranks)
+    if extra:
+        blk = np.hstack(extra)
+        basis = _extend(basis, blk / np.linalg.norm(blk, axis=0), 1.0, ranks)
+    q = _lanczos_from(sp.csr_matrix(w), basis, n, len(ms), ranks)
+    f = np.clip(np.einsum("ij,ij->i", q, q), 0.0, 1.0)
+    f[observer] = 1.0
+    return f
+
+
+# ---------------------------------------------------------------------------------------------
+# Summaries
+# ---------------------------------------------------------------------------------------------
+
+
+def distance_summary(factors: np.ndarray, distances: np.ndarray) -> dict[int, dict[str, float]]:
+    """Per hop distance d >= 1: count, mean, min and max of ``factors`` over pairs at distance d.
+
+    ``factors`` and ``distances`` have the same shape (e.g. F[v, u] and the hop distance
+    between v and u); pairs with distance 0 (u = v) or negative (unreachable) are skipped.
+    """
+    f = np.asarray(factors, dtype=np.float64).ravel()
+    d = np.asarray(distances).ravel()
+    if f.shape != d.shape:
+        raise ValueError("factors and distances must have the same shape")
+    mask = d >= 1
+    f, d = f[mask], d[mask].astype(np.int64)
+    out: dict[int, dict[str, float]] = {}
+    if d.size == 0:
+        return out
+    cnt = np.bincount(d)
+    tot = np.bincount(d, weights=f)
+    mx = np.full(cnt.size, -np.inf)
+    mn = np.full(cnt.size, np.inf)
+    np.maximum.at(mx, d, f)
+    np.minimum.at(mn, d, f)
+    for k in np.flatnonzero(cnt):
+        out[int(k)] = {
+            "count": int(cnt[k]),
+            "mean": float(tot[k] / cnt[k]),
+            "min": float(mn[k]),
+            "max": float(mx[k]),
+        }
+    return out
