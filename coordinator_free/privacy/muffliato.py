@@ -31,26 +31,30 @@ to get ``rho`` (RDP = alpha * rho) and the conversions there for (eps, delta).
 
 Numerics of the exact factor. The message rows are nearly collinear (``C_t -> 11^T/n``) while
 the small directions they span are real information, so raw rows or powers are never
-orthogonalised. Instead:
+orthogonalised in floating point. Instead:
 
-* fixed W, fault-free (:func:`plan_factors`): the span is the block Krylov space
-  ``K_T(W, [e_v, e_{N(v)}])`` (the Chebyshev polynomial P_t has exact degree t, so accelerated and
-  plain gossip give the same span). It is built by block Lanczos with full re-orthogonalisation
-  (twice) and rank-revealing SVD of each new block;
-* general realised schedule (:func:`exact_factors`): the span is built *backwards in time* from
-  orthonormal bases, ``S_t = A_t^T S_{t+1} + span{new unit vectors}`` where ``A_t`` is the one-step
-  map of the (stacked, for gamma != 1) recursion; each step applies a bounded, for gamma != 1
-  well-conditioned, map to an orthonormal basis and re-orthonormalises, the same way a Krylov
-  method does.
-
-Every rank decision is an SVD of an orthogonalised block. Singular values at or below
-``DROP_TOL`` (roundoff level of the accumulated basis) are deflated as true rank deficiency;
-values above ``KEEP_TOL`` are real directions. A value in between cannot be told apart from
-roundoff in float64: with ``strict=True`` (default) :class:`NumericalRankError` is raised; with
-``strict=False`` it is kept (over-estimating the loss rather than hiding a direction) and counted
-in the diagnostics. For small schedules :func:`exact_factors_rational` computes the same factor in
-exact rational arithmetic on the float64 inputs (every float is a dyadic rational), for
-certification and tests.
+* fixed W, fault-free (:func:`plan_factors`, and :func:`exact_factors` on such a schedule): the
+  span is the block Krylov space ``K_T(W, [e_v, e_{N(v)}])`` (the Chebyshev polynomial P_t has
+  exact degree t, so accelerated and plain gossip give the same span). It is built by block
+  Lanczos with full re-orthogonalisation (twice); only true rank deficiency (an invariant
+  subspace, seen as roundoff-level singular values) is deflated. Every rank decision is checked:
+  singular values at or below ``DROP_TOL`` are deflated, values above ``KEEP_TOL`` are directions,
+  and a value in between raises :class:`NumericalRankError` (``strict=True``, default) or is kept
+  and counted (``strict=False``: over-estimates rather than hides a direction).
+* any other realised schedule (time-varying rows, missed or late messages):
+  :func:`exact_factors_rational`, exact rational arithmetic: the rows are computed exactly as
+  integer vectors over a common denominator and row-reduced exactly, so the rank needs no
+  tolerance. Limited to ``RATIONAL_MAX_NODES`` nodes. The float64 weights are first read as the
+  fractions they stand for (:func:`intended_fraction`: 1/3, 13/24, ...). Read as exact dyadic
+  rationals instead, their rounding can break exact symmetries of the intended matrix and create
+  directions of relative size ~1e-17 that exact arithmetic would count in full although no
+  float execution of the protocol carries them (``snap=False`` shows this).
+  (A float "backward subspace" recursion ``S_t = M_t^T S_{t+1} + ...`` is *not* sound: it is a
+  subspace power iteration and loses the directions of small eigenvalues; it was tried and
+  disagreed with exact arithmetic on a 16-ring.)
+* larger faulty schedules based on a fixed W: :func:`exact_upper_factors`, a stable Lanczos
+  computation of a provable upper bound (the span lies in a block Krylov space of W that also
+  starts from the row spaces of ``M_t - W``).
 """
 
 from __future__ import annotations
@@ -76,6 +80,7 @@ __all__ = [
     "exact_factors",
     "exact_factors_rational",
     "exact_upper_factors",
+    "intended_fraction",
     "ExactTooLargeError",
     "plan_factors",
     "plan_exact_diagnostics",
@@ -333,17 +338,45 @@ def ldp_capped(factors: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 
 #: Limits of :func:`exact_factors_rational`: node count and the size (in bits) of the integers
-#: representing C_t over its power-of-two denominator. Past them it raises ValueError.
+#: representing C_t over its common denominator. Past them it raises ValueError.
 RATIONAL_MAX_NODES = 64
 RATIONAL_MAX_BITS = 200_000
 
 
-def _dyadic(x: float) -> tuple[int, int]:
-    """x = num / 2^k exactly."""
-    num, den = Fraction(x).as_integer_ratio()
-    k = den.bit_length() - 1
-    assert den == 1 << k
-    return num, k
+#: :func:`intended_fraction` looks for the simplest fraction within this many units in the last
+#: place of the float, with at most this denominator.
+SNAP_ULPS = 8
+SNAP_MAX_DENOMINATOR = 1 << 32
+
+
+def intended_fraction(
+    x: float, ulps: int = SNAP_ULPS, max_denominator: int = SNAP_MAX_DENOMINATOR
+) -> Fraction:
+    """The simplest fraction within ``ulps`` units in the last place of ``x`` (the first
+    continued-fraction convergent of x that close, denominator <= max_denominator), else ``x``
+    itself as an exact dyadic rational.
+
+    Recovers the weights a schedule meant from their float64 values: ``1/3`` from fl(1/3), and
+    ``13/24`` from ``1 - fsum([1/8, 1/3])`` which is one ulp away from fl(13/24).
+    """
+    exact = Fraction(x)
+    if exact.denominator == 1:
+        return exact
+    tol = Fraction(ulps * math.ulp(x))
+    p0, q0, p1, q1 = 0, 1, 1, 0
+    rest = exact
+    while True:
+        a = math.floor(rest)
+        p0, q0, p1, q1 = p1, q1, a * p1 + p0, a * q1 + q0
+        if q1 > max_denominator:
+            return exact
+        cand = Fraction(p1, q1)
+        if abs(cand - exact) <= tol:
+            return cand
+        frac = rest - a
+        if frac == 0:
+            return exact
+        rest = 1 / frac
 
 
 def _content_free(r: list[int]) -> list[int]:
@@ -385,17 +418,28 @@ def _reduce_into(basis: list[tuple[int, list[int]]], r: list[int]) -> list[tuple
 
 
 def exact_factors_rational(
-    steps: Sequence[Step], observer: int, received: Iterable[tuple[int, int]]
+    steps: Sequence[Step],
+    observer: int,
+    received: Iterable[tuple[int, int]],
+    *,
+    snap: bool = True,
 ) -> np.ndarray:
-    """Exact loss factors computed in exact rational arithmetic on the float64 inputs.
+    """Exact loss factors computed in exact rational arithmetic.
 
-    Every float64 is a dyadic rational, so the rows C_t[w] are computed exactly as integer
-    vectors over a power-of-two denominator; the span (with coordinate v dropped, as v knows its
-    own noise) is row-reduced exactly over the integers (fraction-free, content removed), which
-    decides the rank with no tolerance. The projector diagonal is then formed from the exact
-    reduced echelon basis [I | X] (Gram matrix I + X X^T, condition <= 1 + ||X||^2) in mpmath with
-    enough bits for that condition. Limits: ``RATIONAL_MAX_NODES`` nodes and
-    ``RATIONAL_MAX_BITS`` bits of row data; intended for tests and small audits.
+    With ``snap=True`` (default) every entry of M_t and every gamma_t is replaced by
+    :func:`intended_fraction` of its float64 value, i.e. the mechanism with the weights the
+    schedule meant (Metropolis weights are fractions with small denominators). With
+    ``snap=False`` the float64 values are used exactly as dyadic rationals; then rounding of the
+    weights can break exact symmetries of the intended matrix and create directions of relative
+    size ~1e-17 that exact arithmetic counts in full (see docs/privacy.md), which no float
+    computation of the protocol could exploit.
+
+    The rows C_t[w] are computed exactly as integer vectors over a common denominator; the span
+    (coordinate v dropped, as v knows its own noise) is row-reduced exactly over the integers
+    (fraction-free, content removed), so the rank needs no tolerance. The projector diagonal is
+    then formed from the exact reduced echelon basis [I | X] (Gram matrix I + X X^T, condition
+    <= 1 + ||X||^2) in mpmath with enough bits for that condition. Limits: ``RATIONAL_MAX_NODES``
+    nodes and ``RATIONAL_MAX_BITS`` bits per coefficient; intended for tests and small audits.
     """
     import mpmath
 
@@ -406,16 +450,21 @@ def exact_factors_rational(
         raise ValueError(
             f"exact_factors_rational supports at most {RATIONAL_MAX_NODES} nodes, got {n}"
         )
-    # Integer representation: M_t = Mi_t / 2^{s_t}, gamma_t = gn_t / 2^{gk_t}.
+    conv = intended_fraction if snap else Fraction
+    # Integer representation: M_t = Mi_t / d_t.
     mi: list[list[list[tuple[int, int]]]] = []  # per t, per row: [(col, int)]
-    ms_k: list[int] = []
+    m_den: list[int] = []
     for m in ms:
-        entries = [[(j, *_dyadic(float(m[i, j]))) for j in np.flatnonzero(m[i])] for i in range(n)]
-        k = max((e[2] for row in entries for e in row), default=0)
-        mi.append([[(j, num << (k - kk)) for j, num, kk in row] for row in entries])
-        ms_k.append(k)
-    # C_t as lists of int rows over denominator 2^{e_t}; observed rows (coordinate v dropped) are
-    # row-reduced as soon as they are produced, and the recursion stops once the span is full.
+        entries = [[(int(j), conv(float(m[i, j]))) for j in np.flatnonzero(m[i])] for i in range(n)]
+        d = 1
+        for row in entries:
+            for _, f in row:
+                d = d * f.denominator // math.gcd(d, f.denominator)
+        mi.append([[(j, f.numerator * (d // f.denominator)) for j, f in row] for row in entries])
+        m_den.append(d)
+    gammas = [conv(g) for g in gs]
+    # C_t = Ci_t / den_t (integers); observed rows (coordinate v dropped) are row-reduced as
+    # soon as they are produced, and the recursion stops once the span is full.
     need = max((t for t, _ in rec), default=0)
     by_t: dict[int, list[int]] = {}
     for t, x in rec:
@@ -424,7 +473,7 @@ def exact_factors_rational(
     basis: list[tuple[int, list[int]]] = []  # (pivot col, row); zero at every other pivot
     prev: list[list[int]] | None = None
     cur = [[1 if i == j else 0 for j in range(n)] for i in range(n)]
-    cur_e = prev_e = 0
+    cur_den = prev_den = 1
     for t in range(need + 1):
         for x in by_t.get(t, []):
             if len(basis) == m_cols:
@@ -446,27 +495,34 @@ def exact_factors_rational(
                 for col, cj in enumerate(cur[j]):
                     if cj:
                         acc[col] += a * cj
-        prod_e = cur_e + ms_k[t]
-        if gs[t] == 1.0 or prev is None:
-            nxt, nxt_e = prod, prod_e
+        prod_den = m_den[t] * cur_den
+        g = gammas[t]
+        if g == 1 or prev is None:
+            nxt, nxt_den = prod, prod_den
         else:
-            gn, gk = _dyadic(gs[t])
-            hn = (1 << gk) - gn  # (1 - gamma) * 2^gk
-            e1, e2 = prod_e + gk, prev_e + gk
-            e = max(e1, e2)
-            s1, s2 = e - e1, e - e2
+            # g * prod/prod_den + (1-g) * prev/prev_den over the common denominator
+            ga, gb = g.numerator, g.denominator
+            c1 = ga * prev_den
+            c2 = (gb - ga) * prod_den
             nxt = [
-                [((gn * a) << s1) + ((hn * b) << s2) for a, b in zip(pr, pv, strict=True)]
+                [c1 * a + c2 * b for a, b in zip(pr, pv, strict=True)]
                 for pr, pv in zip(prod, prev, strict=True)
             ]
-            nxt_e = e
-        tz = min((((c & -c).bit_length() - 1) for row in nxt for c in row if c), default=0)
-        tz = min(tz, nxt_e)
-        if tz:
-            nxt = [[c >> tz for c in row] for row in nxt]
-            nxt_e -= tz
-        prev, prev_e = cur, cur_e
-        cur, cur_e = nxt, nxt_e
+            nxt_den = gb * prod_den * prev_den
+        common = nxt_den
+        for row in nxt:
+            for c in row:
+                if c:
+                    common = math.gcd(common, c)
+                    if common == 1:
+                        break
+            if common == 1:
+                break
+        if common > 1:
+            nxt = [[c // common for c in row] for row in nxt]
+            nxt_den //= common
+        prev, prev_den = cur, cur_den
+        cur, cur_den = nxt, nxt_den
 
     f = np.zeros(n)
     f[observer] = 1.0

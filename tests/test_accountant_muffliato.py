@@ -1,0 +1,449 @@
+"""Muffliato pairwise losses: exact joint-view factor and the paper's Eq. (6).
+
+The reference is a brute-force Rényi divergence of the observer's whole Gaussian view, computed
+from its covariance in 80-digit arithmetic (mpmath): mean shift ``C' e_u`` (Delta = 1), covariance
+``C' C'^T`` (sigma = 1), divergence ``alpha/2 * shift^T Sigma^+ shift``; reported in units of the
+LDP loss alpha/2, i.e. ``shift^T Sigma^+ shift``. ``C'`` holds the observed rows with column v
+removed (v knows its own noise), and is built from the float64 schedule entries exactly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from fractions import Fraction
+
+import mpmath
+import networkx as nx
+import numpy as np
+import pytest
+
+import coordinator_free.privacy.muffliato as mf
+from coordinator_free.graphs import (
+    build_graph,
+    chebyshev_gamma,
+    distances_from,
+    gossip_matrix,
+    spectral_gap,
+)
+from coordinator_free.privacy.muffliato import (
+    ExactTooLargeError,
+    NumericalRankError,
+    apply_misses,
+    distance_summary,
+    exact_factors,
+    exact_factors_rational,
+    exact_upper_factors,
+    fault_free_received,
+    fault_free_steps,
+    ldp_capped,
+    paper_factors,
+    plan_exact_diagnostics,
+    plan_factors,
+    realised_coefficients,
+)
+
+DPS = 80
+
+
+def snapped(x: float):
+    """The weight a float64 entry stands for: the first limit_denominator(10^k) within 8 ulps.
+
+    Written independently of the library's continued-fraction helper on purpose."""
+    exact = Fraction(x)
+    for k in range(1, 11):
+        f = exact.limit_denominator(10**k)
+        if abs(f - exact) <= 8 * Fraction(math.ulp(x)):
+            return f
+    return exact
+
+
+def to_mp(x: float):
+    f = snapped(x)
+    return mpmath.mpf(f.numerator) / f.denominator
+
+
+def brute_force_factors(steps, v, received):
+    """Rényi divergence / (alpha Delta^2 / (2 sigma^2)) for every source, in high precision.
+
+    The schedule's float64 weights are read as the fractions they stand for (1/3, 13/24, ...).
+    Read as exact dyadic rationals instead, rounding breaks exact symmetries of the intended
+    matrix and creates directions of relative size ~1e-17 (see test_float_rounding_artefacts).
+    """
+    n = steps[0][0].shape[0]
+    with mpmath.workdps(DPS):
+
+        def mat(m):
+            return mpmath.matrix([[to_mp(float(e)) for e in row] for row in m])
+
+        c = [mpmath.eye(n)]
+        if len(steps) > 1:
+            c.append(mat(steps[0][0]))
+        for t in range(1, len(steps) - 1):
+            m = mat(steps[t][0])
+            g = to_mp(steps[t][1])
+            c.append(g * (m * c[t]) + (1 - g) * c[t - 1])
+        others = [j for j in range(n) if j != v]
+        rows = [[c[t][w, j] for j in others] for t, w in sorted(set(received))]
+        out = np.zeros(n)
+        out[v] = 1.0
+        if not rows:
+            return out
+        cp = mpmath.matrix(rows)
+        sigma = cp * cp.T
+        evals, evecs = mpmath.eigsy(sigma)
+        top = max(abs(e) for e in evals)
+        pinv = mpmath.zeros(sigma.rows, sigma.cols)
+        for i in range(len(evals)):
+            if abs(evals[i]) > top * mpmath.mpf(10) ** (-(DPS // 2)):
+                col = evecs[:, i]
+                pinv += (col * col.T) / evals[i]
+        for k, u in enumerate(others):
+            shift = cp[:, k]
+            out[u] = float((shift.T * pinv * shift)[0])
+        return out
+
+
+def metropolis(kind, **kw):
+    g = build_graph(kind, **kw)
+    return g, gossip_matrix(g, "metropolis")
+
+
+def faulty_schedule(w, steps, accelerated, p, seed):
+    """Random missed messages; half of the missed ones still arrive late (seen, not used)."""
+    rng = np.random.default_rng(seed)
+    n = w.shape[0]
+    gamma = chebyshev_gamma(spectral_gap(w)) if accelerated else 1.0
+    sched, missed = [], []
+    for t in range(steps):
+        miss = {
+            (a, b)
+            for a in range(n)
+            for b in range(n)
+            if a != b and w[a, b] > 0 and rng.random() < p
+        }
+        sched.append((apply_misses(w, miss), 1.0 if t == 0 else gamma))
+        missed.append(miss)
+    late_seen = {(t, a, b) for t in range(steps) for a, b in missed[t] if rng.random() < 0.5}
+
+    def received(v):
+        return [
+            (t, b)
+            for t in range(steps)
+            for b in range(n)
+            if b != v and w[v, b] > 0 and ((v, b) not in missed[t] or (t, v, b) in late_seen)
+        ]
+
+    return sched, received
+
+
+# ---------------------------------------------------------------------------------------------
+# The counterexample of research note 000, section 3.9
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("accelerated", [False, True])
+def test_path3_counterexample(accelerated):
+    _, w = metropolis("path", nodes=3)
+    steps = fault_free_steps(w, 2, accelerated)
+    rec = fault_free_received(w, 2, 2)
+    assert rec == [(0, 1), (1, 1)]
+    exact = exact_factors(steps, 2, rec)
+    paper = paper_factors(steps, 2, rec)
+    # v = 2 computes x_1^1 - W_11 y_1 - W_12 y_2 = y_0 / 3: node 0 is fully exposed.
+    assert exact[0] == pytest.approx(1.0, abs=1e-12)
+    assert paper[0] == pytest.approx(1 / 3, abs=1e-12)
+    np.testing.assert_allclose(brute_force_factors(steps, 2, rec), exact, atol=1e-12)
+    np.testing.assert_allclose(exact_factors_rational(steps, 2, rec), exact, atol=1e-15)
+    np.testing.assert_allclose(plan_factors(w, 2, accelerated, method="exact")[2], exact)
+
+
+def test_eq6_underestimates_on_the_hypercube_far_side():
+    # The paper's synthetic graph at small size: far nodes are fully exposed to the exact
+    # computation while Eq. (6) reports a small loss (and mid-range is the other way round).
+    g, w = metropolis("hypercube", dim=7)
+    steps = 10  # T^stop of Theorem 2 for sigma = 1, spread 0.25
+    exact = plan_factors(w, steps, True, method="exact", sources=[0])[:, 0]
+    paper = plan_factors(w, steps, True, method="paper", sources=[0])[:, 0]
+    d = distances_from(g, 0)
+    far = d == d.max()
+    assert np.all(exact[far] > 0.99)
+    assert np.all(paper[far] < 0.5)
+    assert np.any((paper > exact + 1e-3) & (d >= 2))  # Eq. (6) is also too pessimistic somewhere
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact factor vs brute force
+# ---------------------------------------------------------------------------------------------
+
+SMALL_GRAPHS = [
+    ("ring", {"nodes": 6}),
+    ("ring", {"nodes": 8}),
+    ("star", {"nodes": 6}),
+    ("complete", {"nodes": 5}),
+    ("grid", {"rows": 3, "cols": 3}),
+    ("hypercube", {"dim": 4}),
+    ("erdos_renyi", {"nodes": 8, "p": 0.35, "seed": 4}),
+    ("geometric", {"nodes": 8, "radius": 0.55, "seed": 2}),
+]
+
+
+@pytest.mark.parametrize("kind,kw", SMALL_GRAPHS, ids=[k for k, _ in SMALL_GRAPHS])
+@pytest.mark.parametrize("accelerated", [False, True], ids=["plain", "cheb"])
+def test_exact_matches_brute_force_fault_free(kind, kw, accelerated):
+    _, w = metropolis(kind, **kw)
+    n = w.shape[0]
+    steps = 3
+    sched = fault_free_steps(w, steps, accelerated)
+    plan = plan_factors(w, steps, accelerated, method="exact")
+    for v in (0, n // 2):
+        rec = fault_free_received(w, v, steps)
+        ref = brute_force_factors(sched, v, rec)
+        np.testing.assert_allclose(plan[v], ref, atol=1e-10)
+        np.testing.assert_allclose(exact_factors(sched, v, rec), ref, atol=1e-10)
+
+
+@pytest.mark.parametrize("case", range(6), ids=[k for k, _ in SMALL_GRAPHS[:6]])
+@pytest.mark.parametrize("accelerated", [False, True], ids=["plain", "cheb"])
+def test_exact_matches_brute_force_with_faults(case, accelerated):
+    kind, kw = SMALL_GRAPHS[case]
+    _, w = metropolis(kind, **kw)
+    n = w.shape[0]
+    steps = 4
+    sched, received = faulty_schedule(w, steps, accelerated, p=0.15, seed=100 + case)
+    assert any(not np.array_equal(m, w) for m, _ in sched[:-1])  # faults really happen
+    for v in (0, n - 1):
+        rec = received(v)
+        ref = brute_force_factors(sched, v, rec)
+        got = exact_factors(sched, v, rec)
+        np.testing.assert_allclose(got, ref, atol=1e-10)
+        upper = exact_upper_factors(w, sched, v, rec)
+        assert np.all(upper >= got - 1e-10)
+
+
+def test_float_rounding_artefacts():
+    # Hub 0, twin pair {2, 7} and leaf 5 hang off the hub; with the intended weights
+    # e_5 - (e_2 + e_7)/2 is an eigenvector (eigenvalue 7/8) orthogonal to everything observer 4
+    # can reach. The float64 weights (13/24 is stored one ulp off) break that symmetry by ~1e-17,
+    # and exact arithmetic on the raw floats then "exposes" node 5 completely.
+    g, w = metropolis("geometric", nodes=8, radius=0.55, seed=2)
+    assert sorted(g.neighbors(5)) == [0] and sorted(g.neighbors(2)) == [0, 7]
+    sched = fault_free_steps(w, 4, False)
+    rec = fault_free_received(w, 4, 4)
+    intended = exact_factors_rational(sched, 4, rec)
+    raw = exact_factors_rational(sched, 4, rec, snap=False)
+    lanczos = plan_factors(w, 4, False, method="exact", observers=[4])[0]
+    np.testing.assert_allclose(intended, lanczos, atol=1e-12)
+    np.testing.assert_allclose(intended, brute_force_factors(sched, 4, rec), atol=1e-12)
+    assert intended[5] == pytest.approx(1 / 3) and raw[5] == 1.0
+
+
+def test_a_missed_message_changes_the_exact_loss():
+    # ring of 8, observer 0; node 1 misses node 2's step-1 message (not seen late either)
+    _, w = metropolis("ring", nodes=8)
+    steps = 3
+    base = fault_free_steps(w, steps, False)
+    sched = list(base)
+    sched[1] = (apply_misses(w, [(1, 2)]), 1.0)
+    rec = fault_free_received(w, 0, steps)
+    got = exact_factors(sched, 0, rec)
+    np.testing.assert_allclose(got, brute_force_factors(sched, 0, rec), atol=1e-10)
+    assert np.abs(got - exact_factors(base, 0, rec)).max() > 1e-3
+    # and the observer itself missing a message (seen late, or not seen at all)
+    sched2 = list(base)
+    sched2[1] = (apply_misses(w, [(0, 1)]), 1.0)
+    for rec2 in (rec, [m for m in rec if m != (1, 1)]):
+        np.testing.assert_allclose(
+            exact_factors(sched2, 0, rec2), brute_force_factors(sched2, 0, rec2), atol=1e-10
+        )
+
+
+def test_nontrivial_values_are_exercised():
+    # Guard against a brute-force comparison that only ever sees 0 and 1 (rings, complete
+    # graphs and small hypercubes do give 0/1 factors: there the observed span is a coordinate
+    # subspace or everything).
+    graphs_with_fractions = 0
+    for kind, kw in SMALL_GRAPHS:
+        _, w = metropolis(kind, **kw)
+        f = plan_factors(w, 3, True, method="exact")
+        n = w.shape[0]
+        rows = f[[0, n // 2]]
+        if np.any((rows > 1e-3) & (rows < 1 - 1e-3)):
+            graphs_with_fractions += 1
+        assert np.all(f >= 0) and np.all(f <= 1)
+    assert graphs_with_fractions >= 5
+
+
+# ---------------------------------------------------------------------------------------------
+# Properties
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kind,kw",
+    [
+        ("grid", {"rows": 4, "cols": 5}),
+        ("erdos_renyi", {"nodes": 30, "p": 0.15}),
+        ("hypercube", {"dim": 5}),
+        ("geometric", {"nodes": 40, "radius": 0.3, "seed": 1}),
+    ],
+)
+def test_plan_properties(kind, kw):
+    _, w = metropolis(kind, **kw)
+    steps = 6
+    ex_plain = plan_factors(w, steps, False, method="exact")
+    ex_acc = plan_factors(w, steps, True, method="exact")
+    # same span for plain and Chebyshev gossip
+    np.testing.assert_allclose(ex_plain, ex_acc, atol=1e-9)
+    assert np.all(ex_acc >= 0) and np.all(ex_acc <= 1)
+    np.testing.assert_array_equal(np.diag(ex_acc), 1.0)
+    for acc in (False, True):
+        pap = plan_factors(w, steps, acc, method="paper")
+        deg = (w > 0).sum(axis=1) - 1
+        # sum over all sources (including v) of one message's terms is 1 (note section 3.1)
+        np.testing.assert_allclose(pap.sum(axis=1), deg * steps, rtol=1e-12)
+        np.testing.assert_array_equal(ldp_capped(pap), np.minimum(pap, 1.0))
+    diag = plan_exact_diagnostics(w, steps)
+    assert diag.ambiguous == 0 and diag.max_dropped <= mf.DROP_TOL < mf.KEEP_TOL <= diag.min_kept
+
+
+def test_plan_matches_realised_path():
+    for (kind, kw), acc in itertools.product(
+        [("grid", {"rows": 3, "cols": 4}), ("erdos_renyi", {"nodes": 12, "p": 0.3})],
+        (False, True),
+    ):
+        _, w = metropolis(kind, **kw)
+        n = w.shape[0]
+        steps = 5
+        sched = fault_free_steps(w, steps, acc)
+        pe = plan_factors(w, steps, acc, method="exact")
+        pp = plan_factors(w, steps, acc, method="paper")
+        for v in range(n):
+            rec = fault_free_received(w, v, steps)
+            np.testing.assert_allclose(exact_factors(sched, v, rec), pe[v], atol=1e-9)
+            np.testing.assert_allclose(exact_factors_rational(sched, v, rec), pe[v], atol=1e-9)
+            np.testing.assert_allclose(paper_factors(sched, v, rec), pp[v], atol=1e-9)
+            np.testing.assert_allclose(exact_upper_factors(w, sched, v, rec), pe[v], atol=1e-9)
+
+
+def test_subsets_of_observers_and_sources():
+    _, w = metropolis("grid", rows=4, cols=4)
+    full_e = plan_factors(w, 5, True, method="exact")
+    full_p = plan_factors(w, 5, True, method="paper")
+    obs, src = [3, 0, 9], [5, 3]
+    np.testing.assert_allclose(
+        plan_factors(w, 5, True, method="exact", observers=obs, sources=src),
+        full_e[np.ix_(obs, src)],
+    )
+    np.testing.assert_allclose(
+        plan_factors(w, 5, True, method="paper", observers=obs, sources=src),
+        full_p[np.ix_(obs, src)],
+    )
+
+
+def test_paper_sum_equals_number_of_received_messages_with_faults():
+    _, w = metropolis("grid", rows=3, cols=3)
+    sched, received = faulty_schedule(w, 6, True, p=0.2, seed=7)
+    for v in range(9):
+        rec = received(v)
+        assert paper_factors(sched, v, rec).sum() == pytest.approx(len(rec), rel=1e-12)
+
+
+def test_hypercube_losses_depend_only_on_distance():
+    g, w = metropolis("hypercube", dim=6)
+    steps = 6
+    d = np.array([distances_from(g, v) for v in range(w.shape[0])])
+    obs = [0, 5, 33, 63]
+    for method in ("paper", "exact"):
+        f = plan_factors(w, steps, True, method=method, observers=obs)
+        dd = d[obs]
+        for k in range(1, 7):
+            vals = f[dd == k]
+            assert vals.max() - vals.min() <= 1e-9, (method, k)
+        summ = distance_summary(f, dd)
+        assert sorted(summ) == list(range(1, 7))
+        assert summ[1]["count"] == 6 * len(obs)
+
+
+def test_realised_coefficients_match_a_node_level_simulation():
+    # Each node averages what it received and uses its own value for a missed message.
+    _, w = metropolis("grid", rows=3, cols=3)
+    n, steps = 9, 5
+    sched, _ = faulty_schedule(w, steps, True, p=0.2, seed=3)
+    c = realised_coefficients(sched)
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=n)
+    x_prev, x = None, y.copy()
+    for t in range(steps):
+        np.testing.assert_allclose(c[t] @ y, x, atol=1e-12)
+        m, g = sched[t]
+        nxt = np.empty(n)
+        for v in range(n):
+            acc = w[v, v] * x[v]
+            for u in range(n):
+                if u != v and w[v, u] > 0:
+                    acc += w[v, u] * (x[u] if m[v, u] != 0 else x[v])
+            nxt[v] = acc if t == 0 else g * acc + (1 - g) * x_prev[v]
+        x_prev, x = x, nxt
+
+
+def test_apply_misses():
+    _, w = metropolis("ring", nodes=5)
+    m = apply_misses(w, [(0, 1), (0, 4), (2, 3)])
+    assert m[0, 1] == 0 and m[0, 4] == 0 and m[2, 3] == 0
+    assert m[0, 0] == pytest.approx(w[0, 0] + w[0, 1] + w[0, 4])
+    np.testing.assert_allclose(m.sum(axis=1), 1.0)
+    np.testing.assert_array_equal(m[1], w[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# Numerical policy and errors
+# ---------------------------------------------------------------------------------------------
+
+
+def test_ambiguous_rank_decisions_raise_or_are_counted(monkeypatch):
+    _, w = metropolis("grid", rows=3, cols=4)
+    # widen the band so that genuine directions fall inside it
+    monkeypatch.setattr(mf, "KEEP_TOL", 2.0)
+    with pytest.raises(NumericalRankError, match="cannot tell"):
+        plan_factors(w, 4, True, method="exact")
+    lax = plan_factors(w, 4, True, method="exact", strict=False)
+    monkeypatch.undo()
+    np.testing.assert_allclose(lax, plan_factors(w, 4, True, method="exact"), atol=1e-12)
+    monkeypatch.setattr(mf, "KEEP_TOL", 2.0)
+    assert plan_exact_diagnostics(w, 4).ambiguous > 0
+
+
+def test_input_validation():
+    _, w = metropolis("ring", nodes=6)
+    sched = fault_free_steps(w, 3, True)
+    rec = fault_free_received(w, 0, 3)
+    with pytest.raises(ValueError, match="gamma_0"):
+        exact_factors([(w, 1.4)] + sched[1:], 0, rec)
+    with pytest.raises(ValueError, match="from itself"):
+        paper_factors(sched, 0, [(0, 0)])
+    with pytest.raises(ValueError, match="out of range"):
+        paper_factors(sched, 0, [(3, 1)])
+    with pytest.raises(ValueError, match="not listed as received"):
+        exact_factors(sched, 0, [m for m in rec if m != (1, 1)])
+    with pytest.raises(ValueError, match="unknown method"):
+        plan_factors(w, 3, True, method="eq6")
+    with pytest.raises(ValueError, match="symmetric"):
+        plan_factors(np.triu(w), 3, True, method="paper")
+
+
+def test_large_faulty_schedules_are_refused_with_a_clear_error():
+    g = nx.cycle_graph(mf.RATIONAL_MAX_NODES + 1)
+    w = gossip_matrix(g)
+    sched = fault_free_steps(w, 3, False)
+    sched[1] = (apply_misses(w, [(5, 6)]), 1.0)
+    rec = fault_free_received(w, 0, 3)
+    with pytest.raises(ExactTooLargeError, match="exact_upper_factors"):
+        exact_factors(sched, 0, rec)
+    up = exact_upper_factors(w, sched, 0, rec)
+    assert up.shape == (w.shape[0],) and np.all((up >= 0) & (up <= 1))
+    # fault-free schedules of any size take the Lanczos path
+    ff = fault_free_steps(w, 3, False)
+    np.testing.assert_allclose(
+        exact_factors(ff, 0, rec), plan_factors(w, 3, False, method="exact", observers=[0])[0]
+    )
