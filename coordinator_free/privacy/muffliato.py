@@ -574,11 +574,11 @@ def _lanczos_from(
     space is invariant. ||W||_2 = 1 for a symmetric stochastic W, so singular values are
     already relative.
 
-    Speed: the singular values come from the eigenvalues of the small Gram matrix of the block.
-    When each is either >= _GRAM_SAFE or <= DROP_TOL / 2 the kept directions are orthonormalised
-    by two Gram (Cholesky-QR2 style) passes, accurate to working precision at that conditioning.
-    Otherwise the block goes through the SVD of :func:`_extend` (same deflation policy, third
-    projection, QR).
+    Speed: the large singular values (>= _GRAM_SAFE) come from the eigenvalues of the block's
+    small Gram matrix and those directions are orthonormalised by two Gram (Cholesky-QR2 style)
+    passes, accurate to working precision at that conditioning; if what remains of the block is
+    all below DROP_TOL / 2 (measured by its own Gram matrix) it is deflated. Any other block goes
+    through the SVD of :func:`_extend` (same deflation policy, third projection, QR).
     """
     r = start.shape[1]
     b = max(r, 1)
@@ -596,22 +596,34 @@ def _lanczos_from(
             z -= bs @ (bs.T @ z)
         lam, vec = np.linalg.eigh(z.T @ z)
         lam, vec = lam[::-1], vec[:, ::-1]
-        # The Gram eigenvalues are accurate to ~eps * lam_max in absolute terms. When each is
-        # either clearly a direction (>= _GRAM_SAFE^2) or clearly roundoff (<= (DROP_TOL/2)^2),
-        # the decision is clear-cut and the eigenvectors of the kept ones are well separated.
+        # Gram eigenvalues are accurate to ~eps * lam_max in absolute terms: the clearly large
+        # ones (>= _GRAM_SAFE^2) are directions with well separated eigenvectors. Orthonormalise
+        # them (two Gram passes), then look at what is left of the block on its own, where the
+        # Gram matrix is accurate relative to its (small) size.
         big = int(np.count_nonzero(lam >= _GRAM_SAFE * _GRAM_SAFE))
-        tiny = int(np.count_nonzero(lam <= 0.25 * DROP_TOL * DROP_TOL))
-        if big + tiny == kv and r + big <= n:
-            ranks.count(np.sqrt(np.maximum(lam, 0.0)), 1.0)
-            if big == 0:
-                break
-            sv = np.sqrt(lam[:big])
-            q = z @ (vec[:, :big] / sv)
-            if tiny:
-                q -= bs @ (bs.T @ q)
-            l2, v2 = np.linalg.eigh(q.T @ q)
-            q = q @ (v2 / np.sqrt(l2))
-        else:
+        q = None
+        if r + big <= n:
+            if big:
+                q = z @ (vec[:, :big] / np.sqrt(lam[:big]))
+                l2, v2 = np.linalg.eigh(q.T @ q)
+                q = q @ (v2 / np.sqrt(l2))
+                rest = z - q @ (q.T @ z)
+            else:
+                q = np.zeros((n, 0))
+                rest = z
+            lr = np.linalg.eigvalsh(rest.T @ rest)[::-1]
+            if lr[0] <= 0.25 * DROP_TOL * DROP_TOL:
+                sv = np.concatenate([np.sqrt(lam[:big]), np.sqrt(np.maximum(lr[big:], 0.0))])
+                ranks.count(sv, 1.0)
+                if big == 0:
+                    break
+                if big < kv:
+                    q -= bs @ (bs.T @ q)
+                    l2, v2 = np.linalg.eigh(q.T @ q)
+                    q = q @ (v2 / np.sqrt(l2))
+            else:
+                q = None
+        if q is None:
             q = _extend(bs, z, 1.0, ranks)[:, r:]
         k = q.shape[1]
         if k == 0:
