@@ -238,6 +238,16 @@ def test_float_rounding_artefacts():
     assert intended[5] == pytest.approx(1 / 3) and raw[5] == 1.0
 
 
+def test_fault_free_with_varying_gammas_takes_the_krylov_path():
+    _, w = metropolis("grid", rows=3, cols=3)
+    sched = [(w, 1.0), (w, 1.3), (w, 1.7), (w, 1.1)]
+    rec = fault_free_received(w, 4, 4)
+    got = exact_factors(sched, 4, rec)
+    np.testing.assert_allclose(got, exact_factors_rational(sched, 4, rec), atol=1e-12)
+    np.testing.assert_allclose(got, brute_force_factors(sched, 4, rec), atol=1e-10)
+    np.testing.assert_allclose(got, plan_factors(w, 4, False, method="exact")[4], atol=1e-12)
+
+
 def test_a_missed_message_changes_the_exact_loss():
     # ring of 8, observer 0; node 1 misses node 2's step-1 message (not seen late either)
     _, w = metropolis("ring", nodes=8)
