@@ -613,7 +613,7 @@ def _lanczos_from(
                 rest = z
             lr = np.linalg.eigvalsh(rest.T @ rest)[::-1]
             if lr[0] <= 0.25 * DROP_TOL * DROP_TOL:
-                sv = np.concatenate([np.sqrt(lam[:big]), np.sqrt(np.maximum(lr[big:], 0.0))])
+                sv = np.concatenate([np.sqrt(lam[:big]), np.sqrt(np.maximum(lr[: kv - big], 0.0))])
                 ranks.count(sv, 1.0)
                 if big == 0:
                     break
