@@ -191,3 +191,13 @@ def distances_from(g: nx.Graph, source: int) -> np.ndarray:
     for v, d in nx.single_source_shortest_path_length(g, source).items():
         out[v] = d
     return out
+
+
+def all_distances(g: nx.Graph) -> np.ndarray:
+    """Hop distances between all pairs, as an (n, n) integer matrix (BFS in scipy)."""
+    from scipy.sparse.csgraph import shortest_path
+
+    n = g.number_of_nodes()
+    adj = nx.to_scipy_sparse_array(g, nodelist=range(n), format="csr")
+    d = shortest_path(adj, method="D", unweighted=True, directed=False)
+    return np.where(np.isfinite(d), d, -1).astype(np.int64)
