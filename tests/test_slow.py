@@ -1,0 +1,62 @@
+"""Heavier suites (marked slow: `python3 -m pytest -m slow`, run by .ci/run)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from coordinator_free import audit, config, sim
+from coordinator_free.cluster import local
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+def test_hypercube_32_peers_networked_equals_simulator_and_audit_equals_plan(tmp_path):
+    cfg = config.load(ROOT / "examples" / "muffliato-hypercube.toml")
+    out = tmp_path / "run"
+    local.prepare_run_dir(cfg, out)
+    run = asyncio.run(local.launch_peers(cfg, out, show_progress=False, timeout_s=600))
+    assert not run.failed, [(o.node, o.error) for o in run.failed]
+    ref = sim.simulate(cfg)
+    n = ref.plan.n
+    assert n == 32
+    for v in range(n):
+        est = np.asarray(json.loads((out / "results" / f"node-{v}.json").read_text())["estimate"])
+        assert np.array_equal(est, ref.finals[v])
+    rep = audit.audit_run(out)  # n = 32: the realised schedule in exact rational arithmetic
+    assert rep["fault_free"] and rep["integrity"] == []
+    for m in audit.METHODS:
+        F = audit.plan_factors(ref.plan, m)
+        for o in rep["observers"]:
+            v = o["observer"]
+            for x in o["losses"]:
+                if x["method"] == m:
+                    assert x["factor"] == pytest.approx(F[v, x["source"]], rel=1e-9, abs=1e-12)
+    # Amplification exists on this graph: some pairs are strictly below LDP.
+    exact = [x["factor"] for o in rep["observers"] for x in o["losses"] if x["method"] == "exact"]
+    assert min(exact) < 0.75 and max(exact) == pytest.approx(1.0)
+
+
+def test_plan_for_the_papers_2048_node_hypercube():
+    """n = 2048 (hypercube dim 11), both methods, all pairs: the exact factors by distance are
+    the rational values 1, 1/5, 1/15, 1/30, 1/42, 1/42, 1/30, 1/15, 1/5, 1, 1 (the far side of
+    the cube is fully exposed), and Eq. (6) depends on distance only."""
+    cfg = config.load(None, ["graph.kind=hypercube", "graph.dim=11", "data.dim=1"])
+    rep = audit.plan_report(cfg, source=None, method="exact")
+    assert rep["n"] == 2048
+    expected = [1, 1 / 5, 1 / 15, 1 / 30, 1 / 42, 1 / 42, 1 / 30, 1 / 15, 1 / 5, 1, 1]
+    got = [r["factor_max"] for r in rep["by_distance"]]
+    assert got == pytest.approx(expected, rel=1e-7)
+    for r in rep["by_distance"]:
+        assert r["factor_mean"] == pytest.approx(r["factor_max"], rel=1e-9)
+    paper = audit.plan_report(cfg, source=0, method="paper")
+    by_d: dict[int, set[float]] = {}
+    for x in paper["losses"]:
+        by_d.setdefault(x["distance"], set()).add(round(x["factor"], 9))
+    assert all(len(s) == 1 for s in by_d.values())
+    assert len(paper["losses"]) == 2047
