@@ -138,7 +138,7 @@ def faulty_schedule(w, steps, accelerated, p, seed):
 
 
 # ---------------------------------------------------------------------------------------------
-# The counterexample of research note 000, section 3.9
+# The smallest counterexample to Eq. (6) being an upper bound: path u-w-v (docs/privacy.md)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -310,7 +310,7 @@ def test_plan_properties(kind, kw):
     for acc in (False, True):
         pap = plan_factors(w, steps, acc, method="paper")
         deg = (w > 0).sum(axis=1) - 1
-        # sum over all sources (including v) of one message's terms is 1 (note section 3.1)
+        # sum over all sources (including v) of one message's terms is 1 (docs/privacy.md, section 3)
         np.testing.assert_allclose(pap.sum(axis=1), deg * steps, rtol=1e-12)
         np.testing.assert_array_equal(ldp_capped(pap), np.minimum(pap, 1.0))
     diag = plan_exact_diagnostics(w, steps)

@@ -53,7 +53,7 @@ def test_disconnected_random_graph_is_a_clear_error():
 
 
 def test_chebyshev_gamma_for_the_hypercube_of_the_paper():
-    # research note 2.2: hypercube dim 11 with lambda = 1/6 gives gamma = 1.42893
+    # Hypercube dim 11 with Metropolis weights has lambda_W = 1/6, which gives gamma = 1.42893
     assert graphs.chebyshev_gamma(1 / 6) == pytest.approx(1.42893, abs=1e-5)
     assert graphs.chebyshev_gamma(1.0) < 2 and graphs.chebyshev_gamma(0.0) == 2.0
 

@@ -77,7 +77,7 @@ def test_continuous_conversion_matches_dp_accounting_on_a_fine_grid(rho, delta):
     # orders alpha*(1 + k*1e-5), |k| <= 50, the grid point nearest alpha* is within
     # h = 5e-6 alpha* of it, and f(alpha) - f(alpha*) <= f''(xi) h^2 / 2. Near alpha*,
     # f'' = d/da[log(delta a)/(a-1)^2] is O(rho / (alpha*-1)) for these ranges, so the gap is far
-    # below 1e-6 relative; the assertion uses 1e-6 relative as the brief specifies.
+    # below 1e-6 relative; the assertion uses 1e-6 relative.
     orders = [a * (1 + k * 1e-5) for k in range(-50, 51)]
     acc = rdp_acc.RdpAccountant(orders=orders)
     acc.compose(dp_accounting.ZCDpEvent(rho))

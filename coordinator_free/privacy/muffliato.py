@@ -24,7 +24,7 @@ to get ``rho`` (RDP = alpha * rho) and the conversions there for (eps, delta).
 
 * **exact**: ``factor_{u->v} = [Pi_v]_{uu}``, Pi_v the orthogonal projector onto
   ``span{e_v} + span{C_t[w, :] : (t, w) observed by v}``. This *is* the Rényi divergence of v's
-  whole Gaussian view divided by L (research note 000, section 3.9). In [0, 1]; ``factor_{v->v} = 1``.
+  whole Gaussian view divided by L (docs/privacy.md, section 3). In [0, 1]; ``factor_{v->v} = 1``.
 * **paper**: Eq. (6) of the Muffliato paper, ``sum_{(t, w) observed} C_t[w, u]^2 / ||C_t[w, :]||^2``
   (t = 0 included, raw, not capped). It is *not* an upper bound on the exact loss; the paper's code
   reports ``min(factor, 1)`` (see :func:`ldp_capped`).
