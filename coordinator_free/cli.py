@@ -332,27 +332,26 @@ def _print_audit_compact(audit: dict) -> None:
         print(f"integrity findings: {len(audit['integrity'])} (see cfree audit)")
 
 
+def _emit(args, report: dict, printer) -> int:
+    """JSON on stdout with --json, else the human rendering."""
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        printer(report)
+    return 0
+
+
 def cmd_plan(args) -> int:
     from .audit import plan_report
 
     cfg = config_mod.load(args.config, args.set)
-    rep = plan_report(cfg, source=args.source, method=args.method)
-    if args.json:
-        print(json.dumps(rep, indent=1))
-    else:
-        _print_plan(rep)
-    return 0
+    return _emit(args, plan_report(cfg, source=args.source, method=args.method), _print_plan)
 
 
 def cmd_audit(args) -> int:
     from .audit import audit_run
 
-    rep = audit_run(args.run_dir, observers=args.observer)
-    if args.json:
-        print(json.dumps(rep, indent=1))
-    else:
-        _print_audit(rep)
-    return 0
+    return _emit(args, audit_run(args.run_dir, observers=args.observer), _print_audit)
 
 
 def cmd_simulate(args) -> int:
