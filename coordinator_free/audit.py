@@ -66,7 +66,9 @@ def ldp_baseline(plan: mf.MuffliatoPlan) -> dict:
 # ----------------------------------------------------------------------------------------- plan
 
 
-def plan_factors(plan: mf.MuffliatoPlan, method: str, *, sources=None, observers=None) -> np.ndarray:
+def plan_factors(
+    plan: mf.MuffliatoPlan, method: str, *, sources=None, observers=None
+) -> np.ndarray:
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
     return acct.plan_factors(
@@ -171,7 +173,9 @@ def replay(run_dir: Path, plan: mf.MuffliatoPlan) -> Replay:
     for v in range(n):
         path = run_dir / "logs" / f"node-{v}.vlog"
         if not path.exists():
-            integrity.append({"node": v, "kind": "missing-log", "message": f"{path} does not exist"})
+            integrity.append(
+                {"node": v, "kind": "missing-log", "message": f"{path} does not exist"}
+            )
             continue
         vl = read_viewlog(path)
         for p in vl.problems:
@@ -187,7 +191,11 @@ def replay(run_dir: Path, plan: mf.MuffliatoPlan) -> Replay:
                 same = have == want
             if not same:
                 integrity.append(
-                    {"node": v, "kind": "param-mismatch", "message": f"{key}: log has {have!r}, config gives {want!r}"}
+                    {
+                        "node": v,
+                        "kind": "param-mismatch",
+                        "message": f"{key}: log has {have!r}, config gives {want!r}",
+                    }
                 )
         logged.add(v)
         per_step: dict[int, set[int]] = defaultdict(set)
@@ -209,7 +217,11 @@ def replay(run_dir: Path, plan: mf.MuffliatoPlan) -> Replay:
                 finished = True
         if not finished:
             integrity.append(
-                {"node": v, "kind": "unfinished", "message": "the log ends before the run finished (crash or kill)"}
+                {
+                    "node": v,
+                    "kind": "unfinished",
+                    "message": "the log ends before the run finished (crash or kill)",
+                }
             )
         got[v] = per_step
         received[v] = seen
@@ -217,11 +229,19 @@ def replay(run_dir: Path, plan: mf.MuffliatoPlan) -> Replay:
         t, w, v = key
         if w in logged and sends.get(key) is None:
             integrity.append(
-                {"node": v, "kind": "unmatched-recv", "message": f"step {t}: value from {w} has no send record in {w}'s log"}
+                {
+                    "node": v,
+                    "kind": "unmatched-recv",
+                    "message": f"step {t}: value from {w} has no send record in {w}'s log",
+                }
             )
         elif w in logged and sends[key] != dg:
             integrity.append(
-                {"node": v, "kind": "digest-mismatch", "message": f"step {t}: value from {w} differs from what {w} logged sending"}
+                {
+                    "node": v,
+                    "kind": "digest-mismatch",
+                    "message": f"step {t}: value from {w} differs from what {w} logged sending",
+                }
             )
     steps: list[tuple[np.ndarray, float]] = []
     fault_free = len(logged) == n
@@ -242,7 +262,9 @@ def replay(run_dir: Path, plan: mf.MuffliatoPlan) -> Replay:
         full = {(t, w) for t in range(T) for w in plan.neighbours(v)}
         if received[v] != full:
             fault_free = False
-    return Replay(steps=steps, received=received, logged=logged, fault_free=fault_free, integrity=integrity)
+    return Replay(
+        steps=steps, received=received, logged=logged, fault_free=fault_free, integrity=integrity
+    )
 
 
 def _digest(value: np.ndarray) -> str:
@@ -299,7 +321,15 @@ def audit_run(run_dir: str | Path, *, observers: list[int] | None = None) -> dic
                 continue
             for m in METHODS:
                 f = float(per_method[m][src])
-                losses.append({"source": src, "method": m, "distance": int(dist[src]), "factor": f, **u.loss(f)})
+                losses.append(
+                    {
+                        "source": src,
+                        "method": m,
+                        "distance": int(dist[src]),
+                        "factor": f,
+                        **u.loss(f),
+                    }
+                )
             fe, fp = float(per_method["exact"][src]), float(per_method["paper"][src])
             if fp < fe - 1e-9:
                 notes.append(

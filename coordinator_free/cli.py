@@ -151,7 +151,9 @@ def _fmt(x: float) -> str:
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
     line = "  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))
     out = [line, "  ".join("-" * w for w in widths)]
     for r in rows:
@@ -168,7 +170,13 @@ def _print_plan(rep: dict) -> None:
     print(f"LDP baseline: rdp={_fmt(rep['ldp']['rdp'])}  eps={_fmt(rep['ldp']['eps'])}")
     if rep.get("source") is not None:
         rows = [
-            [str(x["observer"]), str(x["distance"]), _fmt(x["factor"]), _fmt(x["rdp"]), _fmt(x["eps"])]
+            [
+                str(x["observer"]),
+                str(x["distance"]),
+                _fmt(x["factor"]),
+                _fmt(x["rdp"]),
+                _fmt(x["eps"]),
+            ]
             for x in rep["losses"]
         ]
         print(f"losses from source {rep['source']}:")
@@ -179,14 +187,22 @@ def _print_plan(rep: dict) -> None:
          _fmt(r["rdp_mean"]), _fmt(r["rdp_max"]), _fmt(r["eps_max"])]
         for r in rep["by_distance"]
     ]  # fmt: skip
-    print(_table(["dist", "pairs", "factor mean", "factor max", "rdp mean", "rdp max", "eps max"], rows))
+    print(
+        _table(
+            ["dist", "pairs", "factor mean", "factor max", "rdp mean", "rdp max", "eps max"], rows
+        )
+    )
     w = rep["worst_pair"]
-    print(f"worst pair: {w['source']} -> {w['observer']}  rdp={_fmt(w['rdp'])}  eps={_fmt(w['eps'])}")
+    print(
+        f"worst pair: {w['source']} -> {w['observer']}  rdp={_fmt(w['rdp'])}  eps={_fmt(w['eps'])}"
+    )
     m = rep["mean_over_pairs"]
     print(f"mean over pairs: rdp={_fmt(m['rdp'])}  eps={_fmt(m['eps'])}")
 
 
-def _audit_matrix(rep: dict, method: str, key: str = "eps") -> tuple[list[int], dict[tuple[int, int], float]]:
+def _audit_matrix(
+    rep: dict, method: str, key: str = "eps"
+) -> tuple[list[int], dict[tuple[int, int], float]]:
     cells = {}
     for o in rep["observers"]:
         for x in o["losses"]:
@@ -206,7 +222,9 @@ def _print_audit(rep: dict) -> None:
         obs, cells = _audit_matrix(rep, method)
         if n <= 16:
             print(f"\n{method}: eps_(u->v), rows = observer v, columns = source u")
-            rows = [[str(v)] + [("." if u == v else _fmt(cells[(v, u)])) for u in range(n)] for v in obs]
+            rows = [
+                [str(v)] + [("." if u == v else _fmt(cells[(v, u)])) for u in range(n)] for v in obs
+            ]
             print(_table(["v\\u"] + [str(u) for u in range(n)], rows))
         else:
             print(f"\n{method}: per observer (max and mean eps over sources)")
@@ -217,13 +235,17 @@ def _print_audit(rep: dict) -> None:
             print(_table(["observer", "eps max", "eps mean"], rows))
     notes = rep.get("notes", [])
     if notes:
-        print(f"\n{len(notes)} pair(s) where Eq. (6) is below the exact loss (the paper's bound is not an upper bound there)")
+        print(
+            f"\n{len(notes)} pair(s) where Eq. (6) is below the exact loss (the paper's bound is not an upper bound there)"
+        )
     if rep["integrity"]:
         print(f"\nintegrity findings ({len(rep['integrity'])}):")
         for f in rep["integrity"][:50]:
             print(f"  node {f.get('node')}: {f['kind']}: {f['message']}")
     else:
-        print(f"\nintegrity: {len(observers)} log(s) intact, every received value matches its sender's log")
+        print(
+            f"\nintegrity: {len(observers)} log(s) intact, every received value matches its sender's log"
+        )
 
 
 # ----------------------------------------------------------------------------------- commands
@@ -254,7 +276,8 @@ def cmd_run(args) -> int:
     match = None
     if finished:
         diffs = [
-            float(np.max(np.abs(np.asarray(r["estimate"]) - sim.finals[r["node"]]))) for r in finished
+            float(np.max(np.abs(np.asarray(r["estimate"]) - sim.finals[r["node"]])))
+            for r in finished
         ]
         match = max(diffs)
     summary = {
@@ -262,7 +285,9 @@ def cmd_run(args) -> int:
         "wall_s": run.wall_s,
         "results": results,
         "simulator_max_abs_diff": match,
-        "failed": [{"node": o.node, "returncode": o.returncode, "error": o.error} for o in run.failed],
+        "failed": [
+            {"node": o.node, "returncode": o.returncode, "error": o.error} for o in run.failed
+        ],
     }
     audit = None
     if not args.no_audit and finished:
@@ -276,7 +301,9 @@ def cmd_run(args) -> int:
         _print_run_summary(summary, audit)
     if run.failed:
         for o in run.failed:
-            print(f"cfree run: node {o.node} failed (exit {o.returncode}): {o.error}", file=sys.stderr)
+            print(
+                f"cfree run: node {o.node} failed (exit {o.returncode}): {o.error}", file=sys.stderr
+            )
         return 1
     return 0
 
@@ -304,7 +331,9 @@ def _print_run_summary(summary: dict, audit: dict | None) -> None:
         )
     d = summary["simulator_max_abs_diff"]
     if d is not None:
-        print(f"reference simulator: max |peer - simulator| = {d:.3g}{' (bitwise equal)' if d == 0 else ''}")
+        print(
+            f"reference simulator: max |peer - simulator| = {d:.3g}{' (bitwise equal)' if d == 0 else ''}"
+        )
     if audit is not None:
         print()
         _print_audit_compact(audit)
@@ -322,7 +351,16 @@ def _print_audit_compact(audit: dict) -> None:
     for d in dists:
         e = by.get(("exact", d), [0.0])
         p = by.get(("paper", d), [0.0])
-        rows.append([str(d), str(len(e)), _fmt(float(np.mean(e))), _fmt(max(e)), _fmt(float(np.mean(p))), _fmt(max(p))])
+        rows.append(
+            [
+                str(d),
+                str(len(e)),
+                _fmt(float(np.mean(e))),
+                _fmt(max(e)),
+                _fmt(float(np.mean(p))),
+                _fmt(max(p)),
+            ]
+        )
     print(
         f"pairwise network DP (eps at delta={audit['delta']:g}, from the view logs; "
         f"LDP would be eps={_fmt(audit['ldp']['eps'])}):"
@@ -370,8 +408,13 @@ def cmd_simulate(args) -> int:
     if args.json:
         print(json.dumps(out, indent=1))
     else:
-        print(f"n={out['n']} steps={out['steps']} true mean={np.array2string(r.true_mean, precision=4)}")
-        rows = [[str(v), np.array2string(r.finals[v], precision=4), _fmt(out["errors"][v])] for v in range(r.plan.n)]
+        print(
+            f"n={out['n']} steps={out['steps']} true mean={np.array2string(r.true_mean, precision=4)}"
+        )
+        rows = [
+            [str(v), np.array2string(r.finals[v], precision=4), _fmt(out["errors"][v])]
+            for v in range(r.plan.n)
+        ]
         print(_table(["node", "final value", "|est - mean|"], rows))
         print("mean squared error by step: " + " ".join(_fmt(x) for x in r.history_mse))
     return 0
@@ -402,13 +445,26 @@ def cmd_keygen(args) -> int:
     out: Path = args.out
     roster_path = out / "roster.json"
     if roster_path.exists():
-        raise CliError(f"{roster_path} already exists; choose another --out (keys are never overwritten)")
+        raise CliError(
+            f"{roster_path} already exists; choose another --out (keys are never overwritten)"
+        )
     ros = roster_mod.generate_keys(n, out / "keys", hosts=hosts, name=args.name)
     roster_mod.save_roster(roster_path, ros)
     if args.json:
-        print(json.dumps({"roster": str(roster_path), "keys": str(out / "keys"), "nodes": n, "run_id": ros.run_id}))
+        print(
+            json.dumps(
+                {
+                    "roster": str(roster_path),
+                    "keys": str(out / "keys"),
+                    "nodes": n,
+                    "run_id": ros.run_id,
+                }
+            )
+        )
     else:
-        print(f"wrote {n} private keys to {out / 'keys'} (mode 0600) and the public roster {roster_path}")
+        print(
+            f"wrote {n} private keys to {out / 'keys'} (mode 0600) and the public roster {roster_path}"
+        )
     return 0
 
 

@@ -154,7 +154,9 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     lhs, rhs = text.split("=", 1)
     lhs = lhs.strip()
     if lhs.count(".") != 1:
-        raise ConfigError(f"override {text!r}: the key must look like section.key (e.g. graph.nodes)")
+        raise ConfigError(
+            f"override {text!r}: the key must look like section.key (e.g. graph.nodes)"
+        )
     section, key = lhs.split(".")
     rhs = rhs.strip()
     try:
@@ -267,7 +269,9 @@ def validate(cfg: Config) -> None:
     s = cfg.source
     g = cfg.graph
     if g.kind not in GRAPH_KINDS:
-        raise ConfigError(f"{s}: graph.kind {g.kind!r} unknown; choose one of {', '.join(GRAPH_KINDS)}")
+        raise ConfigError(
+            f"{s}: graph.kind {g.kind!r} unknown; choose one of {', '.join(GRAPH_KINDS)}"
+        )
     if g.kind in ("ring", "path", "complete", "star", "erdos_renyi", "geometric"):
         _positive_int(s, "graph.nodes", g.nodes, 3 if g.kind == "ring" else 2)
     if g.kind == "grid":
@@ -285,26 +289,32 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"{s}: graph.radius must be > 0 for geometric, got {g.radius!r}")
     if g.kind == "edgelist":
         if not g.path:
-            raise ConfigError(f"{s}: graph.path is required for kind = \"edgelist\"")
+            raise ConfigError(f'{s}: graph.path is required for kind = "edgelist"')
         if not Path(g.path).is_file():
             raise ConfigError(f"{s}: graph.path {g.path} is not a file")
     pr = cfg.protocol
     if pr.name not in PROTOCOLS:
-        raise ConfigError(f"{s}: protocol.name {pr.name!r} unknown; choose one of {', '.join(PROTOCOLS)}")
+        raise ConfigError(
+            f"{s}: protocol.name {pr.name!r} unknown; choose one of {', '.join(PROTOCOLS)}"
+        )
     if pr.weights not in WEIGHT_SCHEMES:
         raise ConfigError(
             f"{s}: protocol.weights {pr.weights!r} unknown; choose one of {', '.join(WEIGHT_SCHEMES)}"
         )
     if isinstance(pr.steps, str):
         if pr.steps != "auto":
-            raise ConfigError(f"{s}: protocol.steps must be a positive integer or \"auto\", got {pr.steps!r}")
+            raise ConfigError(
+                f'{s}: protocol.steps must be a positive integer or "auto", got {pr.steps!r}'
+            )
     elif pr.steps < 1 or pr.steps > 100_000:
         raise ConfigError(f"{s}: protocol.steps must be in 1..100000, got {pr.steps}")
     if not pr.spread >= 0:
         raise ConfigError(f"{s}: protocol.spread must be >= 0")
     d = cfg.data
     if d.kind not in DATA_KINDS:
-        raise ConfigError(f"{s}: data.kind {d.kind!r} unknown; choose one of {', '.join(DATA_KINDS)}")
+        raise ConfigError(
+            f"{s}: data.kind {d.kind!r} unknown; choose one of {', '.join(DATA_KINDS)}"
+        )
     _positive_int(s, "data.dim", d.dim)
     if d.dim > 10_000_000:
         raise ConfigError(f"{s}: data.dim {d.dim} is too large")

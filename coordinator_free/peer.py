@@ -166,7 +166,9 @@ async def run_peer(
                     continue
                 try:
                     await asyncio.wait_for(net.send(w, msg), timeout=deadline)
-                    vlog.write("send", step=t, peer=w, digest=digest(current), nbytes=current.nbytes)
+                    vlog.write(
+                        "send", step=t, peer=w, digest=digest(current), nbytes=current.nbytes
+                    )
                 except (TimeoutError, ConnectionError, OSError, RuntimeError) as exc:
                     down.add(w)
                     vlog.write("peer-down", step=t, peer=w, reason=f"send failed: {exc}")
@@ -220,7 +222,9 @@ async def run_peer(
                     late += 1
                     vlog.write("late", step=m.step, peer=ev.peer, value=value, now=t)
                 else:
-                    vlog.write("bad-message", step=t, peer=ev.peer, kind="too-far-ahead", msg_step=m.step)
+                    vlog.write(
+                        "bad-message", step=t, peer=ev.peer, kind="too-far-ahead", msg_step=m.step
+                    )
             for w in neighbours:
                 if w not in got:
                     reason = "peer-down" if w in down else "deadline"
@@ -237,7 +241,9 @@ async def run_peer(
         live = [w for w in neighbours if w not in down]
         for w in live:
             try:
-                await asyncio.wait_for(net.send(w, Message(kind="done", round=0, step=plan.steps)), deadline)
+                await asyncio.wait_for(
+                    net.send(w, Message(kind="done", round=0, step=plan.steps)), deadline
+                )
             except (TimeoutError, ConnectionError, OSError, RuntimeError):
                 pass
         pending = set(live)
@@ -252,7 +258,13 @@ async def run_peer(
                 pending.discard(ev.peer)
             elif isinstance(ev, Inbound) and ev.message.kind == "value":
                 late += 1
-                vlog.write("late", step=ev.message.step, peer=ev.peer, value=np.array(ev.message.payload), now=plan.steps)
+                vlog.write(
+                    "late",
+                    step=ev.message.step,
+                    peer=ev.peer,
+                    value=np.array(ev.message.payload),
+                    now=plan.steps,
+                )
         stats = net.stats
         result = PeerResult(
             node=node_id,
@@ -298,7 +310,9 @@ def peer_main(args) -> int:
         sock = socket.socket(fileno=args.listen_fd)
     progress = Progress(args.progress_fd)
     try:
-        _run_loop(run_peer(cfg, ros, args.id, key, Path(args.out), listen_sock=sock, progress=progress))
+        _run_loop(
+            run_peer(cfg, ros, args.id, key, Path(args.out), listen_sock=sock, progress=progress)
+        )
     except Exception as exc:  # report the cause, never a silent hang
         msg = f"node {args.id} failed: {type(exc).__name__}: {exc}"
         print(f"cfree peer: {msg}", file=sys.stderr)

@@ -37,7 +37,15 @@ def test_plan_json_shape_for_one_source(capsys):
 
 def test_plan_paper_method_and_summary(capsys):
     code, out, _ = run_cli(
-        capsys, "plan", "--method", "paper", "--json", "--set", "graph.kind=hypercube", "--set", "graph.dim=4"
+        capsys,
+        "plan",
+        "--method",
+        "paper",
+        "--json",
+        "--set",
+        "graph.kind=hypercube",
+        "--set",
+        "graph.dim=4",
     )
     assert code == 0
     rep = json.loads(out)
@@ -75,7 +83,13 @@ def test_simulate_json(capsys):
 def test_keygen_writes_private_keys_and_roster(capsys, tmp_path):
     out = tmp_path / "cluster"
     code, text, _ = run_cli(
-        capsys, "keygen", "--hosts", "127.0.0.1:7001,127.0.0.2:7002,[::1]:7003", "--out", str(out), "--json"
+        capsys,
+        "keygen",
+        "--hosts",
+        "127.0.0.1:7001,127.0.0.2:7002,[::1]:7003",
+        "--out",
+        str(out),
+        "--json",
     )
     assert code == 0
     info = json.loads(text)

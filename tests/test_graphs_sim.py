@@ -9,7 +9,12 @@ from coordinator_free.protocols import muffliato as mf
 def test_metropolis_weights_match_the_papers_experiments():
     w = graphs.gossip_matrix(graphs.build_graph("path", nodes=4), "metropolis")
     expected = np.array(
-        [[2 / 3, 1 / 3, 0, 0], [1 / 3, 1 / 3, 1 / 3, 0], [0, 1 / 3, 1 / 3, 1 / 3], [0, 0, 1 / 3, 2 / 3]]
+        [
+            [2 / 3, 1 / 3, 0, 0],
+            [1 / 3, 1 / 3, 1 / 3, 0],
+            [0, 1 / 3, 1 / 3, 1 / 3],
+            [0, 0, 1 / 3, 2 / 3],
+        ]
     )
     np.testing.assert_allclose(w, expected, atol=1e-15)
     h = graphs.gossip_matrix(graphs.build_graph("hypercube", dim=5), "metropolis")
@@ -60,11 +65,16 @@ def test_chebyshev_gamma_for_the_hypercube_of_the_paper():
 
 def test_simulator_equals_the_matrix_recursion():
     for accelerated in (False, True):
-        cfg = config.load(None, [f"protocol.accelerated={str(accelerated).lower()}", "protocol.steps=9"])
+        cfg = config.load(
+            None, [f"protocol.accelerated={str(accelerated).lower()}", "protocol.steps=9"]
+        )
         r = sim.simulate(cfg)
         plan = r.plan
         y = np.stack(
-            [mf.initial_value(mf.private_value(cfg, v), mf.local_noise(cfg, v)) for v in range(plan.n)]
+            [
+                mf.initial_value(mf.private_value(cfg, v), mf.local_noise(cfg, v))
+                for v in range(plan.n)
+            ]
         )
         prev, cur = None, y
         for t in range(plan.steps):

@@ -142,6 +142,8 @@ def test_killed_peer_is_recorded_and_the_run_still_ends(tmp_path):
     run = asyncio.run(main())
     codes = {o.node: o.returncode for o in run.outcomes}
     assert codes[victim] == -signal.SIGKILL
+    (failed,) = run.failed
+    assert failed.node == victim and "killed by SIGKILL after step 2" in failed.error
     assert all(c == 0 for v, c in codes.items() if v != victim), run.outcomes
     for w in (victim - 1, victim + 1):
         vl = read_viewlog(out / "logs" / f"node-{w}.vlog")
@@ -157,3 +159,31 @@ def test_killed_peer_is_recorded_and_the_run_still_ends(tmp_path):
         for x in o["losses"]:
             if x["method"] == "exact":
                 assert 0 <= x["rdp"] <= ldp * (1 + 1e-9)
+
+
+def test_concurrent_runs_do_not_clash(tmp_path):
+    """Two clusters started at the same moment: every peer gets its own port, both finish."""
+    cfgs = [config.load(None, [f"run.seed={s}", "graph.nodes=4"]) for s in (1, 2)]
+    outs = [tmp_path / f"r{i}" for i in range(2)]
+    for c, o in zip(cfgs, outs, strict=True):
+        local.prepare_run_dir(c, o)
+
+    async def both():
+        return await asyncio.gather(
+            *(
+                local.launch_peers(c, o, show_progress=False, timeout_s=180)
+                for c, o in zip(cfgs, outs, strict=True)
+            )
+        )
+
+    runs = asyncio.run(both())
+    for c, o, r in zip(cfgs, outs, runs, strict=True):
+        assert not r.failed, [(x.node, x.error) for x in r.failed]
+        ref = sim.simulate(c)
+        for v in range(4):
+            est = np.asarray(json.loads((o / "results" / f"node-{v}.json").read_text())["estimate"])
+            assert np.array_equal(est, ref.finals[v])
+    ports = [json.loads((o / "roster.json").read_text()) for o in outs]
+    all_ports = [n["port"] for r in ports for n in r["nodes"]]
+    assert len(set(all_ports)) == 8 and 0 not in all_ports
+    assert ports[0]["run_id"] != ports[1]["run_id"]

@@ -21,6 +21,7 @@ import asyncio
 import json
 import os
 import secrets
+import signal
 import socket
 import sys
 import time
@@ -83,7 +84,9 @@ def bind_sockets(host: str, n: int, base_port: int) -> list[socket.socket]:
                 s.bind((host, port))
             except OSError as exc:
                 s.close()
-                raise LaunchError(f"cannot bind node {i} to {host}:{port}: {exc.strerror}") from None
+                raise LaunchError(
+                    f"cannot bind node {i} to {host}:{port}: {exc.strerror}"
+                ) from None
             s.listen(128)
             s.set_inheritable(True)
             socks.append(s)
@@ -233,9 +236,7 @@ async def launch_peers(
         socks = []
         if timeout_s is None:
             timeout_s = (
-                cfg.network.connect_timeout_s
-                + (plan.steps + 2) * cfg.network.deadline_s * 2
-                + 60.0
+                cfg.network.connect_timeout_s + (plan.steps + 2) * cfg.network.deadline_s * 2 + 60.0
             )
         watchers = [
             asyncio.ensure_future(
@@ -249,13 +250,20 @@ async def launch_peers(
         if pending:
             for i, p in enumerate(procs):
                 if p.returncode is None:
-                    outcomes[i].error = f"still running after the run timeout of {timeout_s:.0f}s; killed"
+                    outcomes[
+                        i
+                    ].error = f"still running after the run timeout of {timeout_s:.0f}s; killed"
                     p.kill()
             await asyncio.wait(pending, timeout=10)
         display.render(final=True)
         for o in outcomes:
             if o.returncode not in (0, None) and o.error is None:
-                o.error = _stderr_tail(out_dir / "logs" / f"node-{o.node}.stderr")
+                tail = _stderr_tail(out_dir / "logs" / f"node-{o.node}.stderr")
+                if o.returncode < 0:
+                    name = signal.Signals(-o.returncode).name
+                    o.error = f"killed by {name} after step {o.steps_done}; {tail}"
+                else:
+                    o.error = tail
         return LocalRun(out_dir=out_dir, outcomes=outcomes, wall_s=time.monotonic() - t0)
     finally:
         for s in socks:
