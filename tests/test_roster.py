@@ -5,7 +5,10 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import stat
+import subprocess
+import sys
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -170,13 +173,37 @@ def test_key_file_that_is_a_directory(tmp_path):
         load_private_key(tmp_path)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can read any file")
 def test_unreadable_key_file(keyed):
     _, key_dir = keyed
     path = key_path(key_dir, 0)
     os.chmod(path, 0o000)
-    with pytest.raises(KeyFileError, match=f"cannot read key file {path}"):
-        load_private_key(path)
+    if os.geteuid() != 0:
+        with pytest.raises(KeyFileError, match=f"cannot read key file {path}"):
+            load_private_key(path)
+        return
+    # root reads any file, so check the refusal in a child process whose capabilities to
+    # override file permissions are dropped (setpriv, from util-linux).
+    code = (
+        "import sys\n"
+        "from coordinator_free.roster import load_private_key, KeyFileError\n"
+        "try:\n"
+        f"    load_private_key({str(path)!r})\n"
+        "except KeyFileError as exc:\n"
+        "    print(exc)\n"
+        "    sys.exit(0)\n"
+        "sys.exit(1)\n"
+    )
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "setpriv (util-linux) is needed to test permissions as root"
+    proc = subprocess.run(
+        [setpriv, "--bounding-set", "-dac_override,-dac_read_search", "--inh-caps", "-all"]
+        + [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"cannot read key file {path}" in proc.stdout
 
 
 def write_private(path, data: bytes):
