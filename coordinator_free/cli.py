@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -269,6 +270,8 @@ def cmd_run(args) -> int:
             f"{plan.steps} steps{' (Chebyshev)' if plan.accelerated else ''}, sigma={plan.sigma}",
             file=sys.stderr,
         )
+    # SIGTERM ends the run like Ctrl-C: the launcher then stops every peer it started.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     run = asyncio.run(local.launch_peers(cfg, out, show_progress=not args.quiet))
     results = local.collect_results(cfg, out)
     sim = simulate(cfg)
@@ -306,6 +309,10 @@ def cmd_run(args) -> int:
             )
         return 1
     return 0
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _print_run_summary(summary: dict, audit: dict | None) -> None:

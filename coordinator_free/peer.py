@@ -75,6 +75,9 @@ class Progress:
 
     def __init__(self, fd: int | None):
         self._f = os.fdopen(fd, "w", buffering=1) if fd is not None else None
+        # Set when the reader of the events (the launcher) has gone away: a peer started by a
+        # launcher stops instead of running on as an orphan.
+        self.reader_gone = False
 
     def emit(self, **event) -> None:
         if self._f is not None:
@@ -82,6 +85,7 @@ class Progress:
                 self._f.write(json.dumps(event) + "\n")
             except (BrokenPipeError, ValueError):
                 self._f = None
+                self.reader_gone = True
 
     def close(self) -> None:
         if self._f is not None:
@@ -234,6 +238,9 @@ async def run_peer(
             nxt = mf.gossip_update(terms, plan.gamma_at(t), previous)
             previous, current = current, nxt
             progress.emit(event="step", node=node_id, step=t + 1, of=plan.steps)
+            if progress.reader_gone:
+                vlog.write("aborted", step=t + 1, reason="the launcher went away")
+                raise PeerFailure(f"the launcher went away (after step {t + 1}); stopping")
         run_s = time.monotonic() - t_run
 
         # Tell neighbours we are finished, then wait (bounded) for theirs, so a normal end is

@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -187,3 +190,97 @@ def test_concurrent_runs_do_not_clash(tmp_path):
     all_ports = [n["port"] for r in ports for n in r["nodes"]]
     assert len(set(all_ports)) == 8 and 0 not in all_ports
     assert ports[0]["run_id"] != ports[1]["run_id"]
+
+
+def _processes_mentioning(text: str, *, peers_only: bool = False) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                args = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(text.encode() in a for a in args) and (not peers_only or b"peer" in args):
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupting_cfree_run_stops_every_peer(tmp_path, sig):
+    out = tmp_path / "interrupted"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coordinator_free", "run", "--out", str(out)]
+        + ["--set", "protocol.steps=100000", "--set", "network.deadline_s=30"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        # The progress line (non-terminal: one line per quarter) says when all peers connected.
+        deadline = time.monotonic() + 120
+        seen = ""
+        while "connected 8/8" not in seen:
+            assert time.monotonic() < deadline, seen
+            ready, _, _ = select.select([proc.stderr], [], [], deadline - time.monotonic())
+            assert ready, seen
+            chunk = os.read(proc.stderr.fileno(), 65536).decode(errors="replace")
+            assert chunk, f"cfree run ended early: {seen}"
+            seen += chunk
+        assert _processes_mentioning(str(out)), "no peer processes found"
+        os.kill(proc.pid, sig)
+        rest = proc.communicate(timeout=60)[1].decode(errors="replace")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher and its peers
+            proc.wait(timeout=30)
+    assert proc.returncode == 130, rest
+    assert "interrupted" in rest
+    assert _processes_mentioning(str(out)) == []
+
+
+def test_peers_stop_when_their_launcher_is_killed(tmp_path):
+    """SIGKILL leaves the launcher no chance to clean up: the peers notice it is gone (their
+    progress pipe breaks) and stop on their own instead of running on as orphans."""
+    out = tmp_path / "orphans"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coordinator_free", "run", "--out", str(out)]
+        + ["--set", "protocol.steps=100000", "--set", "network.deadline_s=30"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        seen = ""
+        while "connected 8/8" not in seen:
+            assert time.monotonic() < deadline, seen
+            ready, _, _ = select.select([proc.stderr], [], [], deadline - time.monotonic())
+            assert ready, seen
+            chunk = os.read(proc.stderr.fileno(), 65536).decode(errors="replace")
+            assert chunk, f"cfree run ended early: {seen}"
+            seen += chunk
+        peers = _processes_mentioning(str(out), peers_only=True)
+        assert len(peers) == 8
+        proc.kill()
+        proc.wait(timeout=30)
+        for pid in peers:
+            _wait_gone(pid, timeout=60)
+    finally:
+        for pid in _processes_mentioning(str(out)):
+            os.kill(pid, signal.SIGKILL)
+    for v in range(8):
+        vl = read_viewlog(out / "logs" / f"node-{v}.vlog")
+        assert vl.records[-1]["k"] == "aborted"
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    """Wait for an unrelated process to exit (pidfd: an event, not a polling loop)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        assert ready, f"process {pid} still running after {timeout}s"
+    finally:
+        os.close(fd)

@@ -106,7 +106,7 @@ class ProgressDisplay:
         self.connected: set[int] = set()
         self.step = [0] * n
         self.finished: set[int] = set()
-        self._last_pct = -1
+        self._last_milestone: tuple | None = None
         self._t0 = time.monotonic()
 
     def update(self, ev: dict) -> None:
@@ -136,9 +136,14 @@ class ProgressDisplay:
         if self.tty:
             sys.stderr.write("\r" + line + ("\n" if final else ""))
             sys.stderr.flush()
-        elif final or pct // 25 != self._last_pct // 25:
-            self._last_pct = pct
-            sys.stderr.write(line + "\n")
+        else:
+            # Not a terminal: one line per milestone (every quarter of the steps, everyone
+            # connected, everyone finished) instead of a redrawn line.
+            milestone = (pct // 25, len(self.connected) == self.n, len(self.finished) == self.n)
+            if final or milestone != self._last_milestone:
+                self._last_milestone = milestone
+                sys.stderr.write(line + "\n")
+                sys.stderr.flush()
 
 
 async def _watch_peer(
@@ -198,6 +203,7 @@ async def launch_peers(
     plan = mf.make_plan(cfg)
     n = plan.n
     socks = bind_sockets(cfg.network.host, n, cfg.network.base_port)
+    procs: list[asyncio.subprocess.Process] = []
     try:
         hosts = [(cfg.network.host, s.getsockname()[1]) for s in socks]
         ros = roster_mod.generate_keys(n, out_dir / "keys", hosts=hosts, name=cfg.run.name)
@@ -205,7 +211,6 @@ async def launch_peers(
         (out_dir / "logs").mkdir(exist_ok=True)
         display = ProgressDisplay(n, plan.steps, show_progress)
         outcomes = [PeerOutcome(node=i, returncode=None) for i in range(n)]
-        procs: list[asyncio.subprocess.Process] = []
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         t0 = time.monotonic()
@@ -268,6 +273,15 @@ async def launch_peers(
     finally:
         for s in socks:
             s.close()
+        # Interrupted (Ctrl-C, cancellation) or failed while spawning: never leave peer
+        # processes behind.
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+                try:
+                    await asyncio.wait_for(p.wait(), timeout=10)
+                except (TimeoutError, asyncio.CancelledError):
+                    pass
 
 
 def _stderr_tail(path: Path, lines: int = 5) -> str:
