@@ -136,6 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
         "seeds, no network. A fault-free `cfree run` of the same config ends with the same values.",
     )
     _add_config_args(p)
+    p.add_argument(
+        "--run",
+        type=Path,
+        metavar="RUN_DIR",
+        help="reproduce a local run exactly: its config and its nodes' private streams (needs "
+        "the run's keys/); without it, values and noise come from the public run.seed",
+    )
     p.add_argument("--json", action="store_true")
     return parser
 
@@ -253,6 +260,7 @@ def _print_audit(rep: dict) -> None:
 
 
 def cmd_run(args) -> int:
+    from . import seeds
     from .audit import audit_run, write_json
     from .cluster import local
     from .sim import simulate
@@ -274,7 +282,7 @@ def cmd_run(args) -> int:
     signal.signal(signal.SIGTERM, _raise_interrupt)
     run = asyncio.run(local.launch_peers(cfg, out, show_progress=not args.quiet))
     results = local.collect_results(cfg, out)
-    sim = simulate(cfg)
+    sim = simulate(cfg, streams=seeds.streams_of_run(out, len(results["nodes"])))
     finished = [r for r in results["nodes"] if r["finished"]]
     match = None
     if finished:
@@ -402,8 +410,18 @@ def cmd_audit(args) -> int:
 def cmd_simulate(args) -> int:
     from .sim import simulate
 
-    cfg = config_mod.load(args.config, args.set)
-    r = simulate(cfg)
+    streams = None
+    if args.run is not None:
+        from . import seeds
+
+        if args.config is not None:
+            raise CliError("give either a config or --run, not both")
+        cfg = config_mod.load(args.run / "config.toml", args.set)
+        n = len(json.loads((args.run / "roster.json").read_text())["nodes"])
+        streams = seeds.streams_of_run(args.run, n)
+    else:
+        cfg = config_mod.load(args.config, args.set)
+    r = simulate(cfg, streams=streams)
     out = {
         "n": r.plan.n,
         "steps": r.plan.steps,

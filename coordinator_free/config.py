@@ -84,6 +84,11 @@ class NetworkSection:
 
 
 @dataclass(frozen=True)
+class LogSection:
+    values: bool = True
+
+
+@dataclass(frozen=True)
 class Config:
     run: RunSection = field(default_factory=RunSection)
     graph: GraphSection = field(default_factory=GraphSection)
@@ -91,6 +96,7 @@ class Config:
     data: DataSection = field(default_factory=DataSection)
     privacy: PrivacySection = field(default_factory=PrivacySection)
     network: NetworkSection = field(default_factory=NetworkSection)
+    log: LogSection = field(default_factory=LogSection)
     source: str = "<defaults>"
 
     def to_dict(self) -> dict[str, Any]:
@@ -131,6 +137,7 @@ SECTIONS: dict[str, type] = {
     "data": DataSection,
     "privacy": PrivacySection,
     "network": NetworkSection,
+    "log": LogSection,
 }
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from . import roster as roster_mod
+from . import seeds
 from .config import Config
 from .net.transport import Inbound, PeerDown, PeerNet, PeerUp
 from .net.wire import Message
@@ -38,11 +39,10 @@ from .viewlog import ViewLogWriter
 
 log = logging.getLogger("coordinator_free.peer")
 
-# A neighbour can be at most one step ahead of us in a synchronous run (it needs our step-t value
-# to reach t+1, unless it gave up on us at a deadline). Anything further ahead than this is a
-# protocol violation and is dropped, which bounds the buffer.
-MAX_STEPS_AHEAD = 4
-DONE_WAIT_S = 5.0
+# How long after a neighbour's channel went down we keep waiting for it at step deadlines (the
+# transport redials meanwhile), in units of the step deadline. Past that a down neighbour is
+# skipped at once, so a crashed neighbour costs a bounded amount of time, not T deadlines.
+DOWN_GRACE_DEADLINES = 2.0
 
 
 class PeerFailure(RuntimeError):
@@ -133,7 +133,11 @@ async def run_peer(
         "config": cfg.to_dict(),
     }
     vlog = ViewLogWriter(
-        logs_dir / f"node-{node_id}.vlog", run_id=roster.run_id, node=node_id, params=params
+        logs_dir / f"node-{node_id}.vlog",
+        run_id=roster.run_id,
+        node=node_id,
+        params=params,
+        mode=0o600,  # what a node saw is its own business
     )
     net = PeerNet(
         node_id=node_id,
@@ -145,8 +149,6 @@ async def run_peer(
         max_frame=cfg.network.max_frame_bytes,
     )
     t_start = time.monotonic()
-    missed: list[dict] = []
-    late = 0
     try:
         addr = await net.start(listen_sock)
         vlog.write("listen", host=addr[0], port=addr[1])
@@ -155,85 +157,18 @@ async def run_peer(
         vlog.write("connected", peers=neighbours)
         progress.emit(event="connected", node=node_id)
 
-        x = mf.private_value(cfg, node_id)
-        current = mf.initial_value(x, mf.local_noise(cfg, node_id))
+        # The node's value and noise come from streams seeded by its own private key: nobody
+        # else can recompute them, whatever they know of the config.
+        own = seeds.NodeSecretStreams(key, roster.run_id_bytes, node_id)
+        x = mf.private_value(cfg, node_id, own)
+        current = mf.initial_value(x, mf.local_noise(cfg, node_id, own))
         del x  # the raw input is never needed again
         previous: np.ndarray | None = None
-        down: set[int] = set()
-        buffered: dict[tuple[int, int], np.ndarray] = {}  # (step, peer) -> value
+        engine = _StepEngine(net, vlog, neighbours, plan.steps, deadline, cfg.log.values)
 
         t_run = time.monotonic()
         for t in range(plan.steps):
-            msg = Message(kind="value", round=0, step=t, payload=current)
-            for w in neighbours:
-                if w in down:
-                    continue
-                try:
-                    await asyncio.wait_for(net.send(w, msg), timeout=deadline)
-                    vlog.write(
-                        "send", step=t, peer=w, digest=digest(current), nbytes=current.nbytes
-                    )
-                except (TimeoutError, ConnectionError, OSError, RuntimeError) as exc:
-                    down.add(w)
-                    vlog.write("peer-down", step=t, peer=w, reason=f"send failed: {exc}")
-
-            got: dict[int, np.ndarray] = {}
-            for w in neighbours:
-                if (t, w) in buffered:
-                    got[w] = buffered.pop((t, w))
-            waiting = {w for w in neighbours if w not in got and w not in down}
-            step_deadline = time.monotonic() + deadline
-            while waiting:
-                remaining = step_deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                ev = await net.next_event(remaining)
-                if ev is None:
-                    break
-                if isinstance(ev, PeerDown):
-                    if ev.peer in neighbours and ev.peer not in down:
-                        down.add(ev.peer)
-                        vlog.write("peer-down", step=t, peer=ev.peer, reason=str(ev.reason))
-                    waiting.discard(ev.peer)
-                    continue
-                if isinstance(ev, PeerUp):
-                    # The channel is back (the transport redialled): use the peer again from the
-                    # next step on; this step's value may still arrive before the deadline.
-                    if ev.peer in down:
-                        down.discard(ev.peer)
-                        vlog.write("peer-up", step=t, peer=ev.peer)
-                    continue
-                if not isinstance(ev, Inbound):
-                    continue
-                m = ev.message
-                if m.kind == "done":
-                    continue
-                if m.kind != "value" or m.payload is None or m.payload.shape != current.shape:
-                    vlog.write("bad-message", step=t, peer=ev.peer, kind=m.kind)
-                    continue
-                value = np.array(m.payload, dtype=np.float64)  # own copy, writable
-                if m.step == t:
-                    if ev.peer in got:
-                        vlog.write("duplicate", step=t, peer=ev.peer)
-                        continue
-                    got[ev.peer] = value
-                    waiting.discard(ev.peer)
-                    vlog.write("recv", step=t, peer=ev.peer, value=value, nbytes=value.nbytes)
-                elif t < m.step <= t + MAX_STEPS_AHEAD:
-                    buffered[(m.step, ev.peer)] = value
-                    vlog.write("recv", step=m.step, peer=ev.peer, value=value, nbytes=value.nbytes)
-                elif m.step < t:
-                    late += 1
-                    vlog.write("late", step=m.step, peer=ev.peer, value=value, now=t)
-                else:
-                    vlog.write(
-                        "bad-message", step=t, peer=ev.peer, kind="too-far-ahead", msg_step=m.step
-                    )
-            for w in neighbours:
-                if w not in got:
-                    reason = "peer-down" if w in down else "deadline"
-                    missed.append({"step": t, "peer": w, "reason": reason})
-                    vlog.write("miss", step=t, peer=w, reason=reason)
+            got = await engine.exchange(t, current)
             terms = mf.step_terms(row, node_id, current, got)
             nxt = mf.gossip_update(terms, plan.gamma_at(t), previous)
             previous, current = current, nxt
@@ -242,36 +177,8 @@ async def run_peer(
                 vlog.write("aborted", step=t + 1, reason="the launcher went away")
                 raise PeerFailure(f"the launcher went away (after step {t + 1}); stopping")
         run_s = time.monotonic() - t_run
-
-        # Tell neighbours we are finished, then wait (bounded) for theirs, so a normal end is
-        # never mistaken for a crash.
-        live = [w for w in neighbours if w not in down]
-        for w in live:
-            try:
-                await asyncio.wait_for(
-                    net.send(w, Message(kind="done", round=0, step=plan.steps)), deadline
-                )
-            except (TimeoutError, ConnectionError, OSError, RuntimeError):
-                pass
-        pending = set(live)
-        end = time.monotonic() + DONE_WAIT_S
-        while pending and time.monotonic() < end:
-            ev = await net.next_event(end - time.monotonic())
-            if ev is None:
-                break
-            if isinstance(ev, PeerDown):
-                pending.discard(ev.peer)
-            elif isinstance(ev, Inbound) and ev.message.kind == "done":
-                pending.discard(ev.peer)
-            elif isinstance(ev, Inbound) and ev.message.kind == "value":
-                late += 1
-                vlog.write(
-                    "late",
-                    step=ev.message.step,
-                    peer=ev.peer,
-                    value=np.array(ev.message.payload),
-                    now=plan.steps,
-                )
+        await engine.finish()
+        missed, late = engine.missed, engine.late
         stats = net.stats
         result = PeerResult(
             node=node_id,
@@ -294,6 +201,142 @@ async def run_peer(
     finally:
         await net.close()
         vlog.close()
+
+
+class _StepEngine:
+    """Synchronous exchange of one value per step with every neighbour, with deadlines.
+
+    * Sends go to all live neighbours concurrently, each bounded by the step deadline (the
+      transport drops a channel whose send does not drain in time, then redials).
+    * Values for a later step (a neighbour that gave up waiting for us can be several steps
+      ahead) are buffered until their step: at most steps x neighbours values.
+    * Values for an earlier step are logged as late and not used.
+    * A neighbour whose channel is down is waited for only during a grace period after it went
+      down; a PeerUp brings it back and it gets our current value again at once.
+    * Every value received is logged, used or not: the auditor counts what the node saw.
+    """
+
+    def __init__(self, net, vlog, neighbours, steps, deadline, log_values):
+        self.net, self.vlog = net, vlog
+        self.neighbours = list(neighbours)
+        self.steps, self.deadline, self.log_values = steps, deadline, log_values
+        self.down: dict[int, float] = {}  # peer -> monotonic time its channel went down
+        self.finished: set[int] = set()  # neighbours that said "done"
+        self.buffered: dict[tuple[int, int], np.ndarray] = {}  # (step, peer) -> value
+        self.missed: list[dict] = []
+        self.late = 0
+
+    def _log_value(self, kind: str, step: int, peer: int, value: np.ndarray, **extra) -> None:
+        fields = {"digest": digest(value), "nbytes": value.nbytes, **extra}
+        if self.log_values:
+            fields["value"] = value
+        self.vlog.write(kind, step=step, peer=peer, **fields)
+
+    def _mark_down(self, peer: int, step: int, reason: str) -> None:
+        if peer not in self.down:
+            self.down[peer] = time.monotonic()
+            self.vlog.write("peer-down", step=step, peer=peer, reason=reason)
+
+    async def _send(self, peer: int, step: int, value: np.ndarray) -> None:
+        msg = Message(kind="value", round=0, step=step, payload=value)
+        try:
+            await self.net.send(peer, msg, timeout=self.deadline)
+        except (ConnectionError, OSError) as exc:  # PeerGone, PeerUnreachable
+            self._mark_down(peer, step, f"send failed: {type(exc).__name__}: {exc}")
+            return
+        self.vlog.write("send", step=step, peer=peer, digest=digest(value), nbytes=value.nbytes)
+
+    def _waitable(self, peer: int, now: float) -> bool:
+        if peer in self.finished:
+            return False
+        since = self.down.get(peer)
+        return since is None or now - since < DOWN_GRACE_DEADLINES * self.deadline
+
+    async def exchange(self, t: int, current: np.ndarray) -> dict[int, np.ndarray]:
+        live = [w for w in self.neighbours if w not in self.down and w not in self.finished]
+        await asyncio.gather(*(self._send(w, t, current) for w in live))
+        got = {w: self.buffered.pop((t, w)) for w in self.neighbours if (t, w) in self.buffered}
+        step_deadline = time.monotonic() + self.deadline
+        while True:
+            now = time.monotonic()
+            if not any(w not in got and self._waitable(w, now) for w in self.neighbours):
+                break
+            if now >= step_deadline:
+                break
+            ev = await self.net.next_event(step_deadline - now)
+            if ev is None:
+                break
+            if isinstance(ev, PeerDown):
+                self._mark_down(ev.peer, t, str(ev.reason))
+            elif isinstance(ev, PeerUp):
+                if self.down.pop(ev.peer, None) is not None:
+                    self.vlog.write("peer-up", step=t, peer=ev.peer)
+                    await self._send(ev.peer, t, current)
+            elif isinstance(ev, Inbound):
+                self._inbound(t, ev.peer, ev.message, current.shape, got)
+        for w in self.neighbours:
+            if w not in got:
+                if w in self.finished:
+                    reason = "finished"
+                elif w in self.down:
+                    reason = "peer-down"
+                else:
+                    reason = "deadline"
+                self.missed.append({"step": t, "peer": w, "reason": reason})
+                self.vlog.write("miss", step=t, peer=w, reason=reason)
+        return got
+
+    def _inbound(self, t: int, peer: int, m: Message, shape, got: dict) -> None:
+        if m.kind == "done":
+            self.finished.add(peer)
+            self.vlog.write("peer-done", step=t, peer=peer, at=m.step)
+            return
+        if m.kind != "value" or m.payload is None or m.payload.shape != shape:
+            self.vlog.write("bad-message", step=t, peer=peer, kind=m.kind)
+            return
+        value = np.array(m.payload, dtype=np.float64)  # own copy, writable
+        if m.step >= self.steps:
+            self.vlog.write("bad-message", step=t, peer=peer, kind="beyond-last-step", at=m.step)
+        elif m.step < t:
+            self.late += 1
+            self._log_value("late", m.step, peer, value, now=t)
+        elif (m.step == t and peer in got) or (m.step, peer) in self.buffered:
+            self.vlog.write("duplicate", step=m.step, peer=peer)
+        elif m.step == t:
+            got[peer] = value
+            self._log_value("recv", t, peer, value)
+        else:
+            self.buffered[(m.step, peer)] = value
+            self._log_value("recv", m.step, peer, value)
+
+    async def finish(self) -> None:
+        """Tell neighbours we are done, then wait (bounded) for theirs, so a normal end is never
+        mistaken for a crash. Values still arriving are logged as late."""
+        live = [w for w in self.neighbours if w not in self.down]
+        done = Message(kind="done", round=0, step=self.steps)
+
+        async def say_done(w: int) -> None:
+            try:
+                await self.net.send(w, done, timeout=self.deadline)
+            except (ConnectionError, OSError):
+                pass
+
+        await asyncio.gather(*(say_done(w) for w in live))
+        pending = {w for w in live if w not in self.finished}
+        end = time.monotonic() + self.deadline
+        while pending and time.monotonic() < end:
+            ev = await self.net.next_event(end - time.monotonic())
+            if ev is None:
+                break
+            if isinstance(ev, PeerDown):
+                pending.discard(ev.peer)
+            elif isinstance(ev, Inbound):
+                m = ev.message
+                if m.kind == "done":
+                    pending.discard(ev.peer)
+                elif m.kind == "value" and m.payload is not None and m.step < self.steps:
+                    self.late += 1
+                    self._log_value("late", m.step, ev.peer, np.array(m.payload), now=self.steps)
 
 
 def peer_main(args) -> int:

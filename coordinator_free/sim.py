@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import seeds
 from .config import Config
 from .protocols import muffliato as mf
 
@@ -27,11 +28,17 @@ class SimResult:
         return self.inputs.mean(axis=0)
 
 
-def simulate(cfg: Config, plan: mf.MuffliatoPlan | None = None) -> SimResult:
+def simulate(
+    cfg: Config, plan: mf.MuffliatoPlan | None = None, streams: seeds.Streams | None = None
+) -> SimResult:
+    """Simulate a fault-free run. ``streams``: where values and noise come from; by default the
+    public run seed (pure simulation), or a run's node streams to reproduce that run exactly
+    (:func:`seeds.streams_of_run`)."""
     plan = plan if plan is not None else mf.make_plan(cfg)
+    streams = streams if streams is not None else seeds.PublicSeedStreams(cfg.run.seed)
     n = plan.n
-    inputs = np.stack([mf.private_value(cfg, v) for v in range(n)])
-    current = [mf.initial_value(inputs[v], mf.local_noise(cfg, v)) for v in range(n)]
+    inputs = np.stack([mf.private_value(cfg, v, streams) for v in range(n)])
+    current = [mf.initial_value(inputs[v], mf.local_noise(cfg, v, streams)) for v in range(n)]
     previous: list[np.ndarray | None] = [None] * n
     rows = [plan.row(v) for v in range(n)]
     true_mean = inputs.mean(axis=0)

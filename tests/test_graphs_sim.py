@@ -2,7 +2,7 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from coordinator_free import config, graphs, sim
+from coordinator_free import config, graphs, seeds, sim
 from coordinator_free.protocols import muffliato as mf
 
 
@@ -70,9 +70,10 @@ def test_simulator_equals_the_matrix_recursion():
         )
         r = sim.simulate(cfg)
         plan = r.plan
+        pub = seeds.PublicSeedStreams(cfg.run.seed)
         y = np.stack(
             [
-                mf.initial_value(mf.private_value(cfg, v), mf.local_noise(cfg, v))
+                mf.initial_value(mf.private_value(cfg, v, pub), mf.local_noise(cfg, v, pub))
                 for v in range(plan.n)
             ]
         )

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coordinator_free import audit, config, sim
+from coordinator_free import audit, config, seeds, sim
 from coordinator_free.cluster import local
 from coordinator_free.viewlog import read_viewlog
 
@@ -44,7 +44,7 @@ def test_all_peers_finish(ring_run):
 
 def test_networked_run_equals_simulator_bitwise(ring_run):
     cfg, out, _ = ring_run
-    ref = sim.simulate(cfg)
+    ref = sim.simulate(cfg, streams=seeds.streams_of_run(out, N))
     for v in range(N):
         res = json.loads((out / "results" / f"node-{v}.json").read_text())
         est = np.asarray(res["estimate"], dtype=np.float64)
@@ -80,7 +80,7 @@ def test_audit_of_fault_free_run_equals_plan(ring_run):
 
 def test_view_logs_are_intact_and_hold_no_secrets(ring_run):
     cfg, out, _ = ring_run
-    ref = sim.simulate(cfg)
+    ref = sim.simulate(cfg, streams=seeds.streams_of_run(out, N))
     for v in range(N):
         vl = read_viewlog(out / "logs" / f"node-{v}.vlog")
         assert vl.intact, vl.problems
@@ -182,7 +182,7 @@ def test_concurrent_runs_do_not_clash(tmp_path):
     runs = asyncio.run(both())
     for c, o, r in zip(cfgs, outs, runs, strict=True):
         assert not r.failed, [(x.node, x.error) for x in r.failed]
-        ref = sim.simulate(c)
+        ref = sim.simulate(c, streams=seeds.streams_of_run(o, 4))
         for v in range(4):
             est = np.asarray(json.loads((o / "results" / f"node-{v}.json").read_text())["estimate"])
             assert np.array_equal(est, ref.finals[v])

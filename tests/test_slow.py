@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coordinator_free import audit, config, sim
+from coordinator_free import audit, config, seeds, sim
 from coordinator_free.cluster import local
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,7 +22,7 @@ def test_hypercube_32_peers_networked_equals_simulator_and_audit_equals_plan(tmp
     local.prepare_run_dir(cfg, out)
     run = asyncio.run(local.launch_peers(cfg, out, show_progress=False, timeout_s=600))
     assert not run.failed, [(o.node, o.error) for o in run.failed]
-    ref = sim.simulate(cfg)
+    ref = sim.simulate(cfg, streams=seeds.streams_of_run(out, 32))
     n = ref.plan.n
     assert n == 32
     for v in range(n):

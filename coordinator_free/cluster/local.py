@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import roster as roster_mod
+from .. import seeds
 from ..config import Config
 from ..protocols import muffliato as mf
 
@@ -295,7 +296,8 @@ def _stderr_tail(path: Path, lines: int = 5) -> str:
 def collect_results(cfg: Config, out_dir: Path) -> dict:
     """Per-node estimate errors against the true mean, traffic, and rate."""
     plan = mf.make_plan(cfg)
-    inputs = np.stack([mf.private_value(cfg, v) for v in range(plan.n)])
+    streams = seeds.streams_of_run(out_dir, plan.n)
+    inputs = np.stack([mf.private_value(cfg, v, streams) for v in range(plan.n)])
     true_mean = inputs.mean(axis=0)
     nodes = []
     for v in range(plan.n):

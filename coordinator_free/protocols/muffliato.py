@@ -114,9 +114,9 @@ def make_plan(cfg: Config, graph: nx.Graph | None = None) -> MuffliatoPlan:
     )
 
 
-def private_value(cfg: Config, v: int) -> np.ndarray:
-    """Node v's private input for the averaging demo (derived from the run seed)."""
-    rng = seeds.stream(cfg.run.seed, seeds.PURPOSE_DATA, v)
+def private_value(cfg: Config, v: int, streams: seeds.Streams) -> np.ndarray:
+    """Node v's private input for the averaging demo, drawn from v's data stream."""
+    rng = streams.stream(seeds.PURPOSE_DATA, v)
     d = cfg.data
     if d.kind == "uniform":
         return rng.uniform(d.low, d.high, size=d.dim)
@@ -127,8 +127,9 @@ def private_value(cfg: Config, v: int) -> np.ndarray:
     raise ValueError(f"unknown data kind {d.kind!r}")
 
 
-def local_noise(cfg: Config, v: int, round_: int = 0) -> np.ndarray:
-    rng = seeds.stream(cfg.run.seed, seeds.PURPOSE_NOISE, v, round_)
+def local_noise(cfg: Config, v: int, streams: seeds.Streams, round_: int = 0) -> np.ndarray:
+    """Node v's Gaussian noise for one averaging run, from v's (secret) noise stream."""
+    rng = streams.stream(seeds.PURPOSE_NOISE, v, round_)
     return rng.normal(0.0, cfg.privacy.sigma, size=cfg.data.dim)
 
 
