@@ -163,6 +163,7 @@ def load_run(run_dir: Path) -> tuple[config_mod.Config, mf.MuffliatoPlan]:
 
 def replay(run_dir: Path, plan: mf.MuffliatoPlan) -> Replay:
     n, T = plan.n, plan.steps
+    run_id = _run_id(run_dir)
     integrity: list[dict] = []
     got: dict[int, dict[int, set[int]]] = {}  # node -> step -> senders used on time
     received: dict[int, set[tuple[int, int]]] = {}
@@ -177,10 +178,26 @@ def replay(run_dir: Path, plan: mf.MuffliatoPlan) -> Replay:
                 {"node": v, "kind": "missing-log", "message": f"{path} does not exist"}
             )
             continue
-        vl = read_viewlog(path)
+        try:
+            vl = read_viewlog(path)
+        except OSError as exc:
+            integrity.append(
+                {"node": v, "kind": "unreadable-log", "message": f"{path}: {exc.strerror or exc}"}
+            )
+            continue
         for p in vl.problems:
             integrity.append({"node": v, "kind": p.kind, "offset": p.offset, "message": p.message})
         if vl.header is None:
+            continue
+        if vl.header.get("node") != v or (run_id is not None and vl.header.get("run_id") != run_id):
+            integrity.append(
+                {
+                    "node": v,
+                    "kind": "wrong-log",
+                    "message": f"{path} is the log of node {vl.header.get('node')!r} of run "
+                    f"{vl.header.get('run_id')!r}, not of node {v} of this run; ignored",
+                }
+            )
             continue
         params = vl.header.get("params", {})
         for key, want in expected_params.items():
@@ -201,17 +218,31 @@ def replay(run_dir: Path, plan: mf.MuffliatoPlan) -> Replay:
         per_step: dict[int, set[int]] = defaultdict(set)
         seen: set[tuple[int, int]] = set()
         finished = False
+        nbrs = set(plan.neighbours(v))
         for r in vl.records:
             k = r.get("k")
-            if k == "recv":
-                t, w = int(r["step"]), int(r["peer"])
-                per_step[t].add(w)
-                seen.add((t, w))
-                recvs[(t, w, v)] = r["digest"] if "digest" in r else _digest(np.asarray(r["value"]))
-            elif k == "late":
-                seen.add((int(r["step"]), int(r["peer"])))
-            elif k == "send":
-                sends[(int(r["step"]), v, int(r["peer"]))] = r.get("digest")
+            if k in ("recv", "late", "send"):
+                t, w = r.get("step"), r.get("peer")
+                if not (isinstance(t, int) and isinstance(w, int) and 0 <= t < T and w in nbrs):
+                    integrity.append(
+                        {
+                            "node": v,
+                            "kind": "impossible-record",
+                            "message": f"{k} record seq {r.get('seq')} names step {t!r} and "
+                            f"peer {w!r}, impossible for node {v}; ignored",
+                        }
+                    )
+                    continue
+                if k == "recv":
+                    per_step[t].add(w)
+                    seen.add((t, w))
+                    recvs[(t, w, v)] = (
+                        r["digest"] if "digest" in r else _digest(np.asarray(r["value"]))
+                    )
+                elif k == "late":
+                    seen.add((t, w))
+                else:
+                    sends[(t, v, w)] = r.get("digest")
             elif k == "finished":
                 finished = True
         if not finished:
@@ -243,7 +274,9 @@ def replay(run_dir: Path, plan: mf.MuffliatoPlan) -> Replay:
                 }
             )
     steps: list[tuple[np.ndarray, float]] = []
-    fault_free = len(logged) == n
+    # Any missing, damaged or unfinished log means the schedule is not fully known: never
+    # treat such a run as fault-free.
+    fault_free = len(logged) == n and not integrity
     for t in range(T):
         M = np.zeros((n, n))
         for v in range(n):
@@ -264,6 +297,15 @@ def replay(run_dir: Path, plan: mf.MuffliatoPlan) -> Replay:
     return Replay(
         steps=steps, received=received, logged=logged, fault_free=fault_free, integrity=integrity
     )
+
+
+def _run_id(run_dir: Path) -> str | None:
+    from .roster import RosterError, load_roster
+
+    try:
+        return load_roster(run_dir / "roster.json").run_id
+    except (OSError, RosterError):
+        return None
 
 
 def _digest(value: np.ndarray) -> str:
@@ -349,6 +391,9 @@ def audit_run(run_dir: str | Path, *, observers: list[int] | None = None) -> dic
         "fault_free": rp.fault_free,
         "ldp": ldp_baseline(plan),
         "observers": out_obs,
+        # False when a log is missing, damaged or unfinished: the schedule of the nodes
+        # concerned was partly assumed (a missing log: every value used), see "integrity".
+        "complete": not rp.integrity,
         "integrity": rp.integrity,
         "notes": notes,
     }

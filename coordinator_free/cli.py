@@ -128,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", type=Path, help="run directory written by `cfree run`")
     p.add_argument("--observer", type=int, action="append", help="only this observer (repeatable)")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 if any log is missing, damaged, unfinished or inconsistent",
+    )
 
     p = sub.add_parser(
         "simulate",
@@ -247,7 +252,10 @@ def _print_audit(rep: dict) -> None:
             f"\n{len(notes)} pair(s) where Eq. (6) is below the exact loss (the paper's bound is not an upper bound there)"
         )
     if rep["integrity"]:
-        print(f"\nintegrity findings ({len(rep['integrity'])}):")
+        print(
+            f"\nintegrity findings ({len(rep['integrity'])}): the schedule of the nodes named "
+            "below is partly assumed, so losses that depend on it are not certified"
+        )
         for f in rep["integrity"][:50]:
             print(f"  node {f.get('node')}: {f['kind']}: {f['message']}")
     else:
@@ -404,7 +412,14 @@ def cmd_plan(args) -> int:
 def cmd_audit(args) -> int:
     from .audit import audit_run
 
-    return _emit(args, audit_run(args.run_dir, observers=args.observer), _print_audit)
+    rep = audit_run(args.run_dir, observers=args.observer)
+    _emit(args, rep, _print_audit)
+    if args.strict and rep["integrity"]:
+        print(
+            f"cfree audit: {len(rep['integrity'])} integrity finding(s) (--strict)", file=sys.stderr
+        )
+        return 1
+    return 0
 
 
 def cmd_simulate(args) -> int:

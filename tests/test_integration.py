@@ -355,3 +355,33 @@ def test_a_nodes_noise_cannot_be_recomputed_from_the_config(ring_run):
 
     guess = mf.private_value(cfg, 1, pub) + mf.local_noise(cfg, 1, pub)
     assert not np.allclose(first["value"], guess)
+
+
+def _copy_run(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_audit_survives_damaged_logs_and_says_so(ring_run, tmp_path, capsys):
+    from coordinator_free import cli
+
+    _, out, _ = ring_run
+    # A log swapped for another node's, a log that is a directory, a flipped byte mid-file.
+    bad = _copy_run(out, tmp_path / "bad")
+    (bad / "logs" / "node-3.vlog").write_bytes((bad / "logs" / "node-2.vlog").read_bytes())
+    (bad / "logs" / "node-4.vlog").unlink()
+    (bad / "logs" / "node-4.vlog").mkdir()
+    raw = bytearray((bad / "logs" / "node-6.vlog").read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    (bad / "logs" / "node-6.vlog").write_bytes(bytes(raw))
+    rep = audit.audit_run(bad)
+    kinds = {(f["node"], f["kind"]) for f in rep["integrity"]}
+    assert (3, "wrong-log") in kinds and (4, "unreadable-log") in kinds
+    assert (6, "bad-checksum") in kinds or (6, "bad-record") in kinds
+    assert rep["fault_free"] is False and rep["complete"] is False
+    assert {o["observer"] for o in rep["observers"]} == {0, 1, 2, 5, 6, 7}
+    assert cli.main(["audit", str(bad), "--strict", "--json"]) == 1
+    assert cli.main(["audit", str(out), "--strict", "--json"]) == 0
+    capsys.readouterr()
