@@ -136,9 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "simulate",
-        help="the same protocol in one process (reference simulator, same seeds)",
-        description="Run the reference simulator: the exact update math of the peers, the same "
-        "seeds, no network. A fault-free `cfree run` of the same config ends with the same values.",
+        help="the same protocol in one process (reference simulator; --run reproduces a run)",
+        description="Run the reference simulator: the exact update math of the peers, no "
+        "network. With --run RUN_DIR it rebuilds the run's node streams from its keys and ends "
+        "with the same values as the fault-free networked run, bit for bit.",
     )
     _add_config_args(p)
     p.add_argument(
@@ -286,9 +287,9 @@ def cmd_run(args) -> int:
             f"{plan.steps} steps{' (Chebyshev)' if plan.accelerated else ''}, sigma={plan.sigma}",
             file=sys.stderr,
         )
-    # SIGTERM ends the run like Ctrl-C: the launcher then stops every peer it started.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    run = asyncio.run(local.launch_peers(cfg, out, show_progress=not args.quiet))
+    run = asyncio.run(
+        _cancel_on_sigterm(local.launch_peers(cfg, out, show_progress=not args.quiet))
+    )
     results = local.collect_results(cfg, out)
     sim = simulate(cfg, streams=seeds.streams_of_run(out, len(results["nodes"])))
     finished = [r for r in results["nodes"] if r["finished"]]
@@ -327,8 +328,27 @@ def cmd_run(args) -> int:
     return 0
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
+async def _cancel_on_sigterm(coro):
+    """SIGTERM ends the run like Ctrl-C: the main task is cancelled (so the launcher stops every
+    peer it started) and the command ends as interrupted."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    terminated = False
+
+    def on_term() -> None:
+        nonlocal terminated
+        terminated = True
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, on_term)
+    try:
+        return await coro
+    except asyncio.CancelledError:
+        if terminated:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def _print_run_summary(summary: dict, audit: dict | None) -> None:

@@ -155,7 +155,10 @@ def _toml_value(v: Any) -> str:
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
-    """Parse ``section.key=value`` into (section, key, value)."""
+    """Parse ``section.key=value`` into (section, key, value).
+
+    A key whose type is text only (``run.name``, ``graph.path``, ...) takes the raw text, so
+    ``--set run.name=2024`` is the name "2024", not an integer."""
     if "=" not in text:
         raise ConfigError(f"override {text!r}: expected section.key=value")
     lhs, rhs = text.split("=", 1)
@@ -166,6 +169,12 @@ def parse_override(text: str) -> tuple[str, str, Any]:
         )
     section, key = lhs.split(".")
     rhs = rhs.strip()
+    cls = SECTIONS.get(section)
+    fields = {f.name: str(f.type) for f in dataclasses.fields(cls)} if cls else {}
+    if fields.get(key) in ("str", "str | None"):
+        if len(rhs) >= 2 and rhs[0] == rhs[-1] and rhs[0] in "\"'":
+            return section, key, rhs[1:-1]
+        return section, key, rhs
     try:
         value = tomllib.loads(f"v = {rhs}")["v"]
     except tomllib.TOMLDecodeError:
@@ -198,6 +207,8 @@ def _check_type(where: str, key: str, value: Any, ftype: Any) -> Any:
         raise ConfigError(
             f"{where}: {key} must be {' or '.join(names)}, got {type(value).__name__} {value!r}"
         )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where}: {key} must be a finite number, got {value!r}")
     if "float" in t and "int" not in t and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     return value
@@ -250,20 +261,20 @@ def load(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: invalid TOML: {exc}") from None
     data = copy.deepcopy(data)
+    # An edgelist path in the file is relative to the config file.
+    g = data.get("graph")
+    if isinstance(g, dict) and isinstance(g.get("path"), str) and not Path(g["path"]).is_absolute():
+        g["path"] = str((p.parent / g["path"]).resolve())
     for ov in overrides:
         section, key, value = parse_override(ov)
+        if (section, key) == ("graph", "path") and isinstance(value, str):
+            value = str(Path(value).resolve())  # on the command line: relative to the cwd
         data.setdefault(section, {})
         if not isinstance(data[section], dict):
             raise ConfigError(f"override {ov!r}: [{section}] is not a table")
         data[section][key] = value
     if overrides:
         source = f"{source} (with --set {' '.join(overrides)})"
-    # An edgelist path is relative to the config file.
-    g = data.get("graph")
-    if isinstance(g, dict) and isinstance(g.get("path"), str):
-        gp = Path(g["path"])
-        if not gp.is_absolute():
-            g["path"] = str((Path(path).parent / gp).resolve())
     return from_dict(data, source=source)
 
 
@@ -272,8 +283,20 @@ def _positive_int(source: str, key: str, v: Any, minimum: int = 1) -> None:
         raise ConfigError(f"{source}: {key} must be an integer >= {minimum}, got {v!r}")
 
 
+MAX_NODES = 1 << 16  # the plan keeps dense n x n matrices
+NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
 def validate(cfg: Config) -> None:
     s = cfg.source
+    r = cfg.run
+    if not r.name or not set(r.name) <= NAME_CHARS or r.name.startswith("."):
+        raise ConfigError(
+            f"{s}: run.name {r.name!r} must be letters, digits, '-', '_' or '.' (it names the run "
+            "directory), not starting with '.'"
+        )
+    if not 0 <= r.seed < 2**63:
+        raise ConfigError(f"{s}: run.seed must be in 0..2^63-1, got {r.seed}")
     g = cfg.graph
     if g.kind not in GRAPH_KINDS:
         raise ConfigError(
@@ -299,6 +322,11 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f'{s}: graph.path is required for kind = "edgelist"')
         if not Path(g.path).is_file():
             raise ConfigError(f"{s}: graph.path {g.path} is not a file")
+    if g.kind in ("ring", "path", "complete", "star", "erdos_renyi", "geometric"):
+        if g.nodes > MAX_NODES:
+            raise ConfigError(f"{s}: graph.nodes {g.nodes} is above the limit {MAX_NODES}")
+    if g.kind == "grid" and g.rows * g.cols > MAX_NODES:
+        raise ConfigError(f"{s}: a {g.rows}x{g.cols} grid is above the limit of {MAX_NODES} nodes")
     pr = cfg.protocol
     if pr.name not in PROTOCOLS:
         raise ConfigError(
@@ -325,6 +353,11 @@ def validate(cfg: Config) -> None:
     _positive_int(s, "data.dim", d.dim)
     if d.dim > 10_000_000:
         raise ConfigError(f"{s}: data.dim {d.dim} is too large")
+    for key in ("low", "high", "mean", "scale"):
+        if abs(getattr(d, key)) > 1e100:
+            raise ConfigError(f"{s}: |data.{key}| must be at most 1e100")
+    if pr.spread > 1e100:
+        raise ConfigError(f"{s}: protocol.spread must be at most 1e100")
     if d.kind == "uniform" and not d.low < d.high:
         raise ConfigError(f"{s}: data.low must be < data.high")
     if d.kind == "gaussian" and not d.scale >= 0:
@@ -332,22 +365,33 @@ def validate(cfg: Config) -> None:
     if d.kind == "bernoulli" and not 0 <= d.p <= 1:
         raise ConfigError(f"{s}: data.p must be in [0, 1]")
     pv = cfg.privacy
-    if not (pv.sigma > 0 and math.isfinite(pv.sigma)):
-        raise ConfigError(f"{s}: privacy.sigma must be > 0, got {pv.sigma}")
-    if not (pv.sensitivity > 0 and math.isfinite(pv.sensitivity)):
-        raise ConfigError(f"{s}: privacy.sensitivity must be > 0, got {pv.sensitivity}")
-    if not pv.alpha > 1:
-        raise ConfigError(f"{s}: privacy.alpha must be > 1 (a Rényi order), got {pv.alpha}")
+    if not 1e-150 < pv.sigma < 1e150:
+        raise ConfigError(f"{s}: privacy.sigma must be in (1e-150, 1e150), got {pv.sigma}")
+    if not 1e-150 < pv.sensitivity < 1e150:
+        raise ConfigError(
+            f"{s}: privacy.sensitivity must be in (1e-150, 1e150), got {pv.sensitivity}"
+        )
+    if not 1 < pv.alpha <= 1e6:
+        raise ConfigError(f"{s}: privacy.alpha must be in (1, 1e6] (a Rényi order), got {pv.alpha}")
     if not 0 < pv.delta < 1:
         raise ConfigError(f"{s}: privacy.delta must be in (0, 1), got {pv.delta}")
     nw = cfg.network
     if not 0 <= nw.base_port <= 65535:
         raise ConfigError(f"{s}: network.base_port must be in 0..65535")
-    if not nw.deadline_s > 0:
-        raise ConfigError(f"{s}: network.deadline_s must be > 0")
-    if not nw.connect_timeout_s > 0:
-        raise ConfigError(f"{s}: network.connect_timeout_s must be > 0")
+    if not 0 < nw.deadline_s <= 3600:
+        raise ConfigError(f"{s}: network.deadline_s must be in (0, 3600], got {nw.deadline_s}")
+    if not 0 < nw.connect_timeout_s <= 3600:
+        raise ConfigError(
+            f"{s}: network.connect_timeout_s must be in (0, 3600], got {nw.connect_timeout_s}"
+        )
     if not 1024 <= nw.max_frame_bytes <= 1 << 31:
         raise ConfigError(f"{s}: network.max_frame_bytes must be in 1024..2^31")
     if not nw.host:
         raise ConfigError(f"{s}: network.host must not be empty")
+    # One value message carries dim float64 numbers plus a small envelope.
+    need = 8 * d.dim + 4096
+    if need > nw.max_frame_bytes:
+        raise ConfigError(
+            f"{s}: data.dim {d.dim} needs frames of about {need} bytes but "
+            f"network.max_frame_bytes is {nw.max_frame_bytes}; raise it or lower data.dim"
+        )

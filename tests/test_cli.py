@@ -66,7 +66,7 @@ def test_plan_rejects_bad_source(capsys):
 
 def test_config_errors_exit_2_with_the_key(capsys):
     code, _, err = run_cli(capsys, "simulate", "--set", "privacy.sigma=-1")
-    assert code == 2 and "privacy.sigma must be > 0" in err
+    assert code == 2 and "privacy.sigma must be in (1e-150, 1e150)" in err
     code, _, err = run_cli(capsys, "plan", "/nonexistent/x.toml")
     assert code == 2 and "/nonexistent/x.toml does not exist" in err
 

@@ -38,12 +38,23 @@ def test_overrides_are_parsed_as_toml_values():
         ("protocol.steps=0", "protocol.steps must be in 1..100000"),
         ("protocol.steps=soon", 'protocol.steps must be a positive integer or "auto"'),
         ("protocol.weights=hamilton", "protocol.weights 'hamilton' unknown"),
-        ("privacy.sigma=0", "privacy.sigma must be > 0"),
-        ("privacy.alpha=1", "privacy.alpha must be > 1"),
+        ("privacy.sigma=0", "privacy.sigma must be in (1e-150, 1e150)"),
+        ("privacy.alpha=1", "privacy.alpha must be in (1, 1e6]"),
         ("privacy.delta=1", "privacy.delta must be in (0, 1)"),
         ("data.kind=images", "data.kind 'images' unknown"),
-        ("network.deadline_s=-1", "network.deadline_s must be > 0"),
+        ("network.deadline_s=-1", "network.deadline_s must be in (0, 3600]"),
         ("nodes=3", "the key must look like section.key"),
+        ("run.seed=-1", "run.seed must be in 0..2^63-1"),
+        ("run.name=../escape", "run.name '../escape' must be letters"),
+        ("protocol.spread=inf", "protocol.spread must be a finite number"),
+        ("data.mean=nan", "data.mean must be a finite number"),
+        ("data.low=-1e200", "|data.low| must be at most 1e100"),
+        ("privacy.sigma=1e-300", "privacy.sigma must be in (1e-150, 1e150)"),
+        ("privacy.alpha=inf", "privacy.alpha must be a finite number"),
+        ("network.deadline_s=inf", "network.deadline_s must be a finite number"),
+        ("network.connect_timeout_s=1e9", "network.connect_timeout_s must be in (0, 3600]"),
+        ("graph.nodes=100000", "graph.nodes 100000 is above the limit 65536"),
+        ("data.dim=9000000", "raise it or lower data.dim"),
     ],
 )
 def test_bad_values_name_the_key(override, fragment):
@@ -80,3 +91,13 @@ def test_edgelist_path_is_relative_to_the_config(tmp_path):
     (tmp_path / "c.toml").write_text('[graph]\nkind = "edgelist"\npath = "g.txt"\n')
     cfg = config.load(tmp_path / "c.toml")
     assert cfg.graph_n() == 4
+
+
+def test_text_keys_take_the_raw_override_text(tmp_path, monkeypatch):
+    cfg = config.load(None, ["run.name=2024", "network.host=127.0.0.2"])
+    assert cfg.run.name == "2024" and cfg.network.host == "127.0.0.2"
+    # --set graph.path is relative to the working directory, not to the config file.
+    (tmp_path / "g.txt").write_text("0 1\n1 2\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = config.load(None, ["graph.kind=edgelist", "graph.path=g.txt"])
+    assert cfg.graph.path == str(tmp_path / "g.txt") and cfg.graph_n() == 3

@@ -385,3 +385,14 @@ def test_audit_survives_damaged_logs_and_says_so(ring_run, tmp_path, capsys):
     assert cli.main(["audit", str(bad), "--strict", "--json"]) == 1
     assert cli.main(["audit", str(out), "--strict", "--json"]) == 0
     capsys.readouterr()
+
+
+def test_cli_simulate_run_reproduces_the_networked_run(ring_run, capsys):
+    from coordinator_free import cli
+
+    _, out, _ = ring_run
+    assert cli.main(["simulate", "--run", str(out), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    for v in range(N):
+        est = json.loads((out / "results" / f"node-{v}.json").read_text())["estimate"]
+        assert rep["finals"][v] == est

@@ -73,7 +73,25 @@ def prepare_run_dir(cfg: Config, out_dir: Path) -> None:
     (out_dir / "config.toml").write_text(cfg.to_toml())
 
 
+def check_loopback(host: str) -> None:
+    """The local launcher only ever binds loopback addresses (LAN hosts run `cfree peer`)."""
+    import ipaddress
+
+    if host == "localhost":
+        return
+    try:
+        ok = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        ok = False
+    if not ok:
+        raise LaunchError(
+            f"network.host {host!r} is not a loopback address: `cfree run` starts every peer on "
+            "this machine; to run across machines use `cfree keygen --hosts` and `cfree peer`"
+        )
+
+
 def bind_sockets(host: str, n: int, base_port: int) -> list[socket.socket]:
+    check_loopback(host)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     socks = []
     try:
@@ -266,7 +284,10 @@ async def launch_peers(
             if o.returncode not in (0, None) and o.error is None:
                 tail = _stderr_tail(out_dir / "logs" / f"node-{o.node}.stderr")
                 if o.returncode < 0:
-                    name = signal.Signals(-o.returncode).name
+                    try:
+                        name = signal.Signals(-o.returncode).name
+                    except ValueError:
+                        name = f"signal {-o.returncode}"
                     o.error = f"killed by {name} after step {o.steps_done}; {tail}"
                 else:
                     o.error = tail
