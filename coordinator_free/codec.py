@@ -8,6 +8,8 @@ dtypes in ``ALLOWED_DTYPES`` are accepted, and the byte count must match dtype x
 
 from __future__ import annotations
 
+import math
+
 import msgpack
 import numpy as np
 
@@ -16,6 +18,8 @@ ALLOWED_DTYPES = frozenset(
     ["<f8", "<f4", "<i8", "<i4", "<i2", "|i1", "<u8", "<u4", "<u2", "|u1", "|b1"]
 )
 MAX_ARRAY_DIMS = 8
+# Largest encoded header: fixarray + dtype string + array of MAX_ARRAY_DIMS uint64 values.
+_HEADER_MAX = 1 + 6 + 1 + 9 * MAX_ARRAY_DIMS
 
 
 class CodecError(ValueError):
@@ -42,8 +46,11 @@ def _default(obj):
 def _ext_hook(code: int, data: bytes):
     if code != ARRAY_EXT:
         raise CodecError(f"unknown extension type {code}")
-    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=len(data) + 1)
-    unpacker.feed(data)
+    # The [dtype, shape] header is a few dozen bytes: parse only a bounded prefix instead of
+    # copying the whole array body into the unpacker.
+    prefix = bytes(memoryview(data)[:_HEADER_MAX])
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=_HEADER_MAX + 1)
+    unpacker.feed(prefix)
     try:
         header = unpacker.unpack()
     except Exception as exc:  # msgpack raises several types here
@@ -62,7 +69,7 @@ def _ext_hook(code: int, data: bytes):
     if len(shape) > MAX_ARRAY_DIMS or not all(isinstance(s, int) and s >= 0 for s in shape):
         raise CodecError(f"bad array shape {shape!r}")
     dt = np.dtype(dtype)
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    count = math.prod(shape)
     body = memoryview(data)[offset:]
     if len(body) != count * dt.itemsize:
         raise CodecError(
