@@ -205,9 +205,9 @@ def _processes_mentioning(text: str, *, peers_only: bool = False) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupting_cfree_run_stops_every_peer(tmp_path, sig):
-    out = tmp_path / "interrupted"
+def _start_long_run(out: Path) -> subprocess.Popen:
+    """`cfree run` of a very long run in its own session; returns once all 8 peers connected
+    (the non-terminal progress output prints a line at that milestone)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "coordinator_free", "run", "--out", str(out)]
         + ["--set", "protocol.steps=100000", "--set", "network.deadline_s=30"],
@@ -215,10 +215,9 @@ def test_interrupting_cfree_run_stops_every_peer(tmp_path, sig):
         stderr=subprocess.PIPE,
         start_new_session=True,
     )
+    deadline = time.monotonic() + 120
+    seen = ""
     try:
-        # The progress line (non-terminal: one line per quarter) says when all peers connected.
-        deadline = time.monotonic() + 120
-        seen = ""
         while "connected 8/8" not in seen:
             assert time.monotonic() < deadline, seen
             ready, _, _ = select.select([proc.stderr], [], [], deadline - time.monotonic())
@@ -226,6 +225,18 @@ def test_interrupting_cfree_run_stops_every_peer(tmp_path, sig):
             chunk = os.read(proc.stderr.fileno(), 65536).decode(errors="replace")
             assert chunk, f"cfree run ended early: {seen}"
             seen += chunk
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        raise
+    return proc
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupting_cfree_run_stops_every_peer(tmp_path, sig):
+    out = tmp_path / "interrupted"
+    proc = _start_long_run(out)
+    try:
         assert _processes_mentioning(str(out)), "no peer processes found"
         os.kill(proc.pid, sig)
         rest = proc.communicate(timeout=60)[1].decode(errors="replace")
@@ -242,23 +253,8 @@ def test_peers_stop_when_their_launcher_is_killed(tmp_path):
     """SIGKILL leaves the launcher no chance to clean up: the peers notice it is gone (their
     progress pipe breaks) and stop on their own instead of running on as orphans."""
     out = tmp_path / "orphans"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "coordinator_free", "run", "--out", str(out)]
-        + ["--set", "protocol.steps=100000", "--set", "network.deadline_s=30"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    proc = _start_long_run(out)
     try:
-        deadline = time.monotonic() + 120
-        seen = ""
-        while "connected 8/8" not in seen:
-            assert time.monotonic() < deadline, seen
-            ready, _, _ = select.select([proc.stderr], [], [], deadline - time.monotonic())
-            assert ready, seen
-            chunk = os.read(proc.stderr.fileno(), 65536).decode(errors="replace")
-            assert chunk, f"cfree run ended early: {seen}"
-            seen += chunk
         peers = _processes_mentioning(str(out), peers_only=True)
         assert len(peers) == 8
         proc.kill()
