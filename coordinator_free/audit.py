@@ -25,6 +25,8 @@ from . import config as config_mod
 from . import graphs
 from .privacy import muffliato as acct
 from .privacy import rdp as rdp_mod
+from .protocols import learning as lp
+from .protocols import make_plan
 from .protocols import muffliato as mf
 from .viewlog import read_viewlog
 
@@ -59,36 +61,91 @@ def units_of(plan: mf.MuffliatoPlan) -> Units:
     return Units(alpha=plan.alpha, delta=plan.delta, sensitivity=plan.sensitivity, sigma=plan.sigma)
 
 
-def ldp_baseline(plan: mf.MuffliatoPlan) -> dict:
-    return {"factor": 1.0, **units_of(plan).loss(1.0)}
+def ldp_factor(plan) -> float:
+    """The local-DP loss of the whole run in units of one Gaussian mechanism: 1 for one averaging
+    run, R for R rounds of fresh noise."""
+    return float(plan.rounds) if isinstance(plan, lp.LearningPlan) else 1.0
+
+
+def ldp_baseline(plan) -> dict:
+    f = ldp_factor(plan)
+    return {"factor": f, **units_of(plan).loss(f)}
+
+
+def accounting_note(plan) -> str | None:
+    """What the per-pair numbers of a learning protocol mean (shown with plan and audit)."""
+    if not isinstance(plan, lp.LearningPlan):
+        return None
+    if plan.protocol == "central-dp":
+        return (
+            "central-dp: every node sees the released model, a Gaussian mechanism per round "
+            "(sensitivity Delta on the sum of clipped gradients): R-fold composition for every pair"
+        )
+    base = (
+        "per-round composition (Theorem 6 of the Muffliato paper): each round's messages are "
+        "accounted as a fresh Muffliato run of K steps and the R rounds are summed in RDP; a "
+        "node's gradients also travel on in later rounds through the models, which this does "
+        "not count, so only the LDP line (R-fold local DP) is unconditional"
+    )
+    if plan.protocol == "dsgd":
+        return "dsgd: 'paper' is the baseline's own guarantee, R-fold local DP; 'exact' is " + base
+    return base
 
 
 # ----------------------------------------------------------------------------------------- plan
 
 
-def plan_factors(
-    plan: mf.MuffliatoPlan, method: str, *, sources=None, observers=None
-) -> np.ndarray:
+def plan_factors(plan, method: str, *, sources=None, observers=None) -> np.ndarray:
+    """Fault-free factors ``F[i, j]`` of source ``sources[j]`` towards ``observers[i]``, in
+    units of one Gaussian mechanism's loss (summed over rounds for learning protocols)."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
-    return acct.plan_factors(
-        plan.W, plan.steps, plan.accelerated, method=method, observers=observers, sources=sources
+    if not isinstance(plan, lp.LearningPlan):
+        return acct.plan_factors(
+            plan.W,
+            plan.steps,
+            plan.accelerated,
+            method=method,
+            observers=observers,
+            sources=sources,
+        )
+    n_obs = plan.n if observers is None else len(observers)
+    n_src = plan.n if sources is None else len(sources)
+    R = float(plan.rounds)
+    if plan.protocol == "central-dp" or (plan.protocol == "dsgd" and method == "paper"):
+        return np.full((n_obs, n_src), R)
+    per_round = acct.plan_factors(
+        plan.W,
+        plan.gossip_steps,
+        plan.accelerated,
+        method=method,
+        observers=observers,
+        sources=sources,
     )
+    if method == "paper":
+        per_round = acct.ldp_capped(per_round)  # Eq. (13): each round capped at local DP
+    return R * per_round
 
 
 def plan_report(cfg: config_mod.Config, *, source: int | None, method: str) -> dict:
-    plan = mf.make_plan(cfg)
+    plan = make_plan(cfg)
     u = units_of(plan)
     base = {
         "alpha": plan.alpha,
         "delta": plan.delta,
         "method": method,
+        "protocol": cfg.protocol.name,
         "n": plan.n,
         "steps": plan.steps,
         "accelerated": plan.accelerated,
         "spectral_gap": plan.spectral_gap,
+        "sigma": plan.sigma,
+        "sensitivity": plan.sensitivity,
         "ldp": ldp_baseline(plan),
     }
+    if isinstance(plan, lp.LearningPlan):
+        base.update(rounds=plan.rounds, gossip_steps=plan.gossip_steps)
+        base["accounting"] = accounting_note(plan)
     if source is not None:
         if not 0 <= source < plan.n:
             raise AuditError(f"--source {source} is not a node id (0..{plan.n - 1})")
@@ -153,12 +210,12 @@ class Replay:
     integrity: list[dict]
 
 
-def load_run(run_dir: Path) -> tuple[config_mod.Config, mf.MuffliatoPlan]:
+def load_run(run_dir: Path):
     cfg_path = run_dir / "config.toml"
     if not cfg_path.is_file():
         raise AuditError(f"{run_dir} is not a run directory: no config.toml")
     cfg = config_mod.load(cfg_path)
-    return cfg, mf.make_plan(cfg)
+    return cfg, make_plan(cfg)
 
 
 def replay(run_dir: Path, plan: mf.MuffliatoPlan) -> Replay:
@@ -317,6 +374,8 @@ def _digest(value: np.ndarray) -> str:
 def audit_run(run_dir: str | Path, *, observers: list[int] | None = None) -> dict:
     run_dir = Path(run_dir)
     cfg, plan = load_run(run_dir)
+    if isinstance(plan, lp.LearningPlan) and not plan.decentralized:
+        return _central_audit(run_dir, plan, observers)
     rp = replay(run_dir, plan)
     u = units_of(plan)
     wanted = sorted(rp.logged) if observers is None else observers
@@ -337,24 +396,8 @@ def audit_run(run_dir: str | Path, *, observers: list[int] | None = None) -> dic
         for m in METHODS:
             if use_plan:
                 per_method[m] = factors[m][i]
-            elif m == "paper":
-                per_method[m] = acct.paper_factors(rp.steps, v, sorted(rp.received[v]))
             else:
-                try:
-                    per_method[m] = acct.exact_factors(rp.steps, v, sorted(rp.received[v]))
-                except acct.ExactTooLargeError:
-                    # Faulty schedule beyond exact arithmetic: a provable upper bound instead.
-                    per_method[m] = acct.exact_upper_factors(
-                        plan.W, rp.steps, v, sorted(rp.received[v])
-                    )
-                    notes.append(
-                        {
-                            "observer": v,
-                            "kind": "exact-upper-bound",
-                            "message": f"n={plan.n} with faults: 'exact' for observer {v} is a "
-                            "Krylov upper bound on the exact loss, not the exact value",
-                        }
-                    )
+                per_method[m] = _realised_factors(plan, rp, v, m, notes)
         dist = graphs.distances_from(plan.graph, v)
         losses = []
         for src in range(plan.n):
@@ -384,12 +427,14 @@ def audit_run(run_dir: str | Path, *, observers: list[int] | None = None) -> dic
         out_obs.append({"observer": v, "losses": losses})
     return {
         "run_dir": str(run_dir),
+        "protocol": cfg.protocol.name,
         "alpha": plan.alpha,
         "delta": plan.delta,
         "n": plan.n,
         "steps": plan.steps,
         "fault_free": rp.fault_free,
         "ldp": ldp_baseline(plan),
+        "accounting": accounting_note(plan),
         "observers": out_obs,
         # False when a log is missing, damaged or unfinished: the schedule of the nodes
         # concerned was partly assumed (a missing log: every value used), see "integrity".
@@ -397,6 +442,89 @@ def audit_run(run_dir: str | Path, *, observers: list[int] | None = None) -> dic
         "integrity": rp.integrity,
         "notes": notes,
     }
+
+
+def _central_audit(run_dir: Path, plan, observers: list[int] | None) -> dict:
+    """The trusted-curator baseline has no peers and no view logs: every node sees the released
+    model, so every pair gets the R-fold Gaussian mechanism."""
+    u = units_of(plan)
+    wanted = list(range(plan.n)) if observers is None else observers
+    for v in wanted:
+        if not 0 <= v < plan.n:
+            raise AuditError(f"observer {v} is not a node id (0..{plan.n - 1})")
+    dist = graphs.all_distances(plan.graph)
+    loss = u.loss(float(plan.rounds))
+    out_obs = [
+        {
+            "observer": v,
+            "losses": [
+                {
+                    "source": src,
+                    "method": m,
+                    "distance": int(dist[v, src]),
+                    "factor": float(plan.rounds),
+                    **loss,
+                }
+                for src in range(plan.n)
+                if src != v
+                for m in METHODS
+            ],
+        }
+        for v in wanted
+    ]
+    return {
+        "run_dir": str(run_dir),
+        "protocol": plan.protocol,
+        "alpha": plan.alpha,
+        "delta": plan.delta,
+        "n": plan.n,
+        "steps": 0,
+        "fault_free": True,
+        "ldp": ldp_baseline(plan),
+        "accounting": accounting_note(plan),
+        "observers": out_obs,
+        "complete": True,
+        "integrity": [],
+        "notes": [],
+    }
+
+
+def _schedule_factors(plan, steps, v: int, received, method: str, notes: list) -> np.ndarray:
+    """Factors of one averaging run (or one learning round) with a realised schedule."""
+    if method == "paper":
+        return acct.paper_factors(steps, v, received)
+    try:
+        return acct.exact_factors(steps, v, received)
+    except acct.ExactTooLargeError:
+        # Faulty schedule beyond exact arithmetic: a provable upper bound instead.
+        notes.append(
+            {
+                "observer": v,
+                "kind": "exact-upper-bound",
+                "message": f"n={plan.n} with faults: 'exact' for observer {v} is a "
+                "Krylov upper bound on the exact loss, not the exact value",
+            }
+        )
+        return acct.exact_upper_factors(plan.W, steps, v, received)
+
+
+def _realised_factors(plan, rp: Replay, v: int, method: str, notes: list) -> np.ndarray:
+    """Observer v's factors for the schedule rebuilt from the logs: one run for averaging; for
+    learning, each round on its own (fresh noise), composed over rounds as in plan_factors."""
+    received = sorted(rp.received[v])
+    if not isinstance(plan, lp.LearningPlan):
+        return _schedule_factors(plan, rp.steps, v, received, method, notes)
+    R = plan.rounds
+    if plan.protocol == "central-dp" or (plan.protocol == "dsgd" and method == "paper"):
+        return np.full(plan.n, float(R))
+    K = plan.gossip_steps
+    total = np.zeros(plan.n)
+    for r in range(R):
+        steps = rp.steps[r * K : (r + 1) * K]
+        rec = [(t - r * K, w) for t, w in received if r * K <= t < (r + 1) * K]
+        f = _schedule_factors(plan, steps, v, rec, method, notes)
+        total += acct.ldp_capped(f) if method == "paper" else f
+    return total
 
 
 def write_json(path: Path, obj: dict) -> None:

@@ -150,6 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
         "the run's keys/); without it, values and noise come from the public run.seed",
     )
     p.add_argument("--json", action="store_true")
+
+    from . import report
+
+    report.add_parser(sub)
     return parser
 
 
@@ -272,29 +276,39 @@ def cmd_run(args) -> int:
     from . import seeds
     from .audit import audit_run, write_json
     from .cluster import local
+    from .protocols import make_plan
     from .sim import simulate
 
     cfg = config_mod.load(args.config, args.set)
+    plan = make_plan(cfg)
     out = args.out or local.default_run_dir(cfg)
     local.prepare_run_dir(cfg, out)
     if not args.quiet:
         print(f"run directory: {out}", file=sys.stderr)
-        from .protocols.muffliato import make_plan
-
-        plan = make_plan(cfg)
-        print(
-            f"starting {plan.n} peers: {cfg.protocol.name} on {cfg.graph.kind}, "
-            f"{plan.steps} steps{' (Chebyshev)' if plan.accelerated else ''}, sigma={plan.sigma}",
-            file=sys.stderr,
-        )
+        print(_run_banner(cfg, plan), file=sys.stderr)
+    if cfg.learning and not plan.decentralized:
+        return _run_central(args, cfg, out)
     run = asyncio.run(
         _cancel_on_sigterm(local.launch_peers(cfg, out, show_progress=not args.quiet))
     )
     results = local.collect_results(cfg, out)
-    sim = simulate(cfg, streams=seeds.streams_of_run(out, len(results["nodes"])))
+    streams = seeds.streams_of_run(out, len(results["nodes"]))
     finished = [r for r in results["nodes"] if r["finished"]]
     match = None
-    if finished:
+    if finished and cfg.learning:
+        from .sim import simulate_learning
+
+        sim_models = simulate_learning(cfg, streams=streams).models  # (R+1, n, dim)
+        match = max(
+            float(
+                np.max(
+                    np.abs(np.load(local.models_path(out, r["node"])) - sim_models[:, r["node"]])
+                )
+            )
+            for r in finished
+        )
+    elif finished:
+        sim = simulate(cfg, streams=streams)
         diffs = [
             float(np.max(np.abs(np.asarray(r["estimate"]) - sim.finals[r["node"]])))
             for r in finished
@@ -328,6 +342,76 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _run_banner(cfg, plan) -> str:
+    acc = " (Chebyshev)" if plan.accelerated else ""
+    if not cfg.learning:
+        return (
+            f"starting {plan.n} peers: {cfg.protocol.name} on {cfg.graph.kind}, "
+            f"{plan.steps} steps{acc}, sigma={plan.sigma}"
+        )
+    head = f"{cfg.protocol.name}: {plan.model} model ({plan.dim} parameters) on {cfg.data.kind}"
+    if not plan.decentralized:
+        return (
+            f"{head}, trusted curator over {plan.n} users, {plan.rounds} rounds, sigma={plan.sigma}"
+        )
+    return (
+        f"starting {plan.n} peers: {head} on {cfg.graph.kind}, {plan.rounds} rounds x "
+        f"{plan.gossip_steps} gossip steps{acc}, step size {plan.step_size}, clip {plan.clip}, "
+        f"sigma={plan.sigma}"
+    )
+
+
+def _run_central(args, cfg, out: Path) -> int:
+    """The trusted-curator baseline: one process holds every shard (no peers, no view logs)."""
+    import secrets
+    import time
+
+    from . import seeds
+    from .audit import audit_run, write_json
+    from .sim import simulate_learning
+
+    t0 = time.monotonic()
+    # The curator's noise must be secret: a fresh 256-bit seed, not the public run seed.
+    streams = seeds.PublicSeedStreams(int.from_bytes(secrets.token_bytes(32), "big"))
+    sim = simulate_learning(cfg, streams=streams)
+    wall = time.monotonic() - t0
+    (out / "results").mkdir(exist_ok=True)
+    np.save(out / "results" / "central.models.npy", sim.models[:, 0], allow_pickle=False)
+    write_jsonl(out / "metrics.jsonl", sim.metrics)
+    final = sim.metrics[-1]
+    results = {
+        "protocol": cfg.protocol.name,
+        "rounds": sim.plan.rounds,
+        "gossip_steps": 0,
+        "steps": 0,
+        "nodes": [],
+        "metrics": sim.metrics,
+        "central": {
+            "test_loss": final["avg_test_loss"],
+            "test_accuracy": final["avg_test_accuracy"],
+        },
+    }
+    summary = {"run_dir": str(out), "wall_s": wall, "results": results,
+               "simulator_max_abs_diff": None, "failed": []}  # fmt: skip
+    audit = None
+    if not args.no_audit:
+        audit = audit_run(out)
+        write_json(out / "audit.json", audit)
+        summary["audit"] = {"fault_free": True, "integrity": []}
+    write_json(out / "summary.json", summary)
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        _print_run_summary(summary, audit)
+    return 0
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(path)
+
+
 async def _cancel_on_sigterm(coro):
     """SIGTERM ends the run like Ctrl-C: the main task is cancelled (so the launcher stops every
     peer it started) and the command ends as interrupted."""
@@ -351,8 +435,48 @@ async def _cancel_on_sigterm(coro):
         loop.remove_signal_handler(signal.SIGTERM)
 
 
+def _print_learning_summary(summary: dict) -> None:
+    res = summary["results"]
+    metrics = res["metrics"]
+    if res["nodes"]:
+        rows = []
+        for r in res["nodes"]:
+            if not r["finished"]:
+                rows.append([str(r["node"]), "-", "-", "-", "-", "did not finish"])
+                continue
+            acc = "-" if r["test_accuracy"] is None else f"{r['test_accuracy']:.4f}"
+            rows.append(
+                [str(r["node"]), acc, _fmt(r["test_loss"]), f"{r['steps_per_s']:.1f}",
+                 str(r["bytes_sent"]), str(r["missed"])]
+            )  # fmt: skip
+        print()
+        print(_table(["node", "test acc", "test loss", "steps/s", "bytes sent", "missed"], rows))
+    if metrics:
+        every = max(1, (len(metrics) - 1) // 10)
+        shown = [m for m in metrics if m["round"] % every == 0 or m is metrics[-1]]
+        rows = [
+            [str(m["round"]),
+             "-" if m["avg_test_accuracy"] is None else f"{m['avg_test_accuracy']:.4f}",
+             _fmt(m["avg_test_loss"]), _fmt(m["avg_train_loss"]),
+             "-" if m["node_test_accuracy_min"] is None
+             else f"{m['node_test_accuracy_min']:.3f}..{m['node_test_accuracy_max']:.3f}",
+             _fmt(m["consensus_distance"])]
+            for m in shown
+        ]  # fmt: skip
+        print("\nnode-average model by round (metrics.jsonl has every round):")
+        print(
+            _table(
+                ["round", "test acc", "test loss", "train loss", "node acc range", "spread"], rows
+            )
+        )
+
+
 def _print_run_summary(summary: dict, audit: dict | None) -> None:
     res = summary["results"]
+    if "metrics" in res:
+        _print_learning_summary(summary)
+        _print_run_footer(summary, audit)
+        return
     nodes = res["nodes"]
     print(f"\ntrue mean: {np.array2string(np.asarray(res['true_mean']), precision=4)}")
     rows = []
@@ -372,6 +496,10 @@ def _print_run_summary(summary: dict, audit: dict | None) -> None:
             f"total bytes sent {sum(r['bytes_sent'] for r in fin)}, "
             f"wall time {summary['wall_s']:.2f}s"
         )
+    _print_run_footer(summary, audit)
+
+
+def _print_run_footer(summary: dict, audit: dict | None) -> None:
     d = summary["simulator_max_abs_diff"]
     if d is not None:
         print(
@@ -541,6 +669,7 @@ COMMANDS = {
     "plan": cmd_plan,
     "audit": cmd_audit,
     "simulate": cmd_simulate,
+    "report": lambda args: args.func(args),  # report.cmd_report, set by report.add_parser
 }
 
 

@@ -18,9 +18,27 @@ from typing import Any
 
 from .graphs import GRAPH_KINDS, WEIGHT_SCHEMES
 
-PROTOCOLS = ("muffliato",)
+#: Private averaging (one noisy value per node, then gossip).
+AVERAGING_PROTOCOLS = ("muffliato",)
+#: Private learning from per-node data shards (docs/config.md, docs/learning.md).
+LEARNING_PROTOCOLS = ("muffliato-gd", "muffliato-sgd", "dsgd", "central-dp")
+PROTOCOLS = AVERAGING_PROTOCOLS + LEARNING_PROTOCOLS
 DEFAULT_CONFIG = Path(__file__).parent / "examples" / "muffliato-ring.toml"
-DATA_KINDS = ("uniform", "gaussian", "bernoulli")
+#: Per-node private values for averaging.
+VALUE_KINDS = ("uniform", "gaussian", "bernoulli")
+#: Datasets for learning (coordinator_free.learning.datasets.DATASET_KINDS).
+DATASET_KINDS = (
+    "synthetic-logistic",
+    "synthetic-lstsq",
+    "breast_cancer",
+    "digits",
+    "wine",
+    "csv",
+    "libsvm",
+)
+DATA_KINDS = VALUE_KINDS + DATASET_KINDS
+PARTITIONS = ("iid", "dirichlet", "fixed")
+MODEL_KINDS = ("auto", "logistic", "multinomial", "least-squares", "ridge")
 
 
 class ConfigError(ValueError):
@@ -53,6 +71,12 @@ class ProtocolSection:
     steps: int | str = "auto"
     accelerated: bool = True
     spread: float = 0.25
+    # Learning protocols (muffliato-gd/sgd, dsgd, central-dp).
+    rounds: int = 20
+    gossip_steps: int | str = "auto"
+    step_size: float = 0.5
+    batch_size: int = 0
+    clip: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -64,12 +88,32 @@ class DataSection:
     mean: float = 0.0
     scale: float = 1.0
     p: float = 0.5
+    # Datasets for learning protocols.
+    path: str | None = None
+    samples: int = 1000
+    features: int = 10
+    label_noise: float = 0.1
+    test_fraction: float = 0.2
+    standardize: bool = True
+    normalize: bool = True
+    intercept: bool = True
+    label_column: int = -1
+    task: str = "classification"
+    partition: str = "iid"
+    beta: float = 1.0
+    per_node: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    kind: str = "auto"
+    l2: float = 0.0
 
 
 @dataclass(frozen=True)
 class PrivacySection:
     sigma: float = 1.0
-    sensitivity: float = 1.0
+    sensitivity: float | None = None
     alpha: float = 2.0
     delta: float = 1e-5
 
@@ -94,6 +138,7 @@ class Config:
     graph: GraphSection = field(default_factory=GraphSection)
     protocol: ProtocolSection = field(default_factory=ProtocolSection)
     data: DataSection = field(default_factory=DataSection)
+    model: ModelSection = field(default_factory=ModelSection)
     privacy: PrivacySection = field(default_factory=PrivacySection)
     network: NetworkSection = field(default_factory=NetworkSection)
     log: LogSection = field(default_factory=LogSection)
@@ -117,6 +162,20 @@ class Config:
             lines.append("")
         return "\n".join(lines)
 
+    @property
+    def learning(self) -> bool:
+        """True for the protocols that learn a model from data shards."""
+        return self.protocol.name in LEARNING_PROTOCOLS
+
+    @property
+    def sensitivity(self) -> float:
+        """The L2 sensitivity in use: ``privacy.sensitivity`` if given, else 1 for averaging and
+        ``2 * protocol.clip`` for learning (one node's whole shard replaced: two clipped mean
+        gradients differ by at most 2C)."""
+        if self.privacy.sensitivity is not None:
+            return float(self.privacy.sensitivity)
+        return 2.0 * self.protocol.clip if self.learning else 1.0
+
     def graph_n(self) -> int:
         g = self.graph
         if g.kind in ("ring", "path", "complete", "star", "erdos_renyi", "geometric"):
@@ -135,6 +194,7 @@ SECTIONS: dict[str, type] = {
     "graph": GraphSection,
     "protocol": ProtocolSection,
     "data": DataSection,
+    "model": ModelSection,
     "privacy": PrivacySection,
     "network": NetworkSection,
     "log": LogSection,
@@ -240,6 +300,9 @@ def from_dict(data: dict[str, Any], *, source: str = "<dict>") -> Config:
     return cfg
 
 
+PATH_SECTIONS = ("graph", "data")
+
+
 def load(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Load a TOML config (None: the built-in default) and apply ``--set`` overrides."""
     if path is None:
@@ -261,13 +324,18 @@ def load(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: invalid TOML: {exc}") from None
     data = copy.deepcopy(data)
-    # An edgelist path in the file is relative to the config file.
-    g = data.get("graph")
-    if isinstance(g, dict) and isinstance(g.get("path"), str) and not Path(g["path"]).is_absolute():
-        g["path"] = str((p.parent / g["path"]).resolve())
+    # File paths (an edgelist, a dataset) in the file are relative to the config file.
+    for sec in PATH_SECTIONS:
+        t = data.get(sec)
+        if (
+            isinstance(t, dict)
+            and isinstance(t.get("path"), str)
+            and not Path(t["path"]).is_absolute()
+        ):
+            t["path"] = str((p.parent / t["path"]).resolve())
     for ov in overrides:
         section, key, value = parse_override(ov)
-        if (section, key) == ("graph", "path") and isinstance(value, str):
+        if section in PATH_SECTIONS and key == "path" and isinstance(value, str):
             value = str(Path(value).resolve())  # on the command line: relative to the cwd
         data.setdefault(section, {})
         if not isinstance(data[section], dict):
@@ -367,7 +435,7 @@ def validate(cfg: Config) -> None:
     pv = cfg.privacy
     if not 1e-150 < pv.sigma < 1e150:
         raise ConfigError(f"{s}: privacy.sigma must be in (1e-150, 1e150), got {pv.sigma}")
-    if not 1e-150 < pv.sensitivity < 1e150:
+    if pv.sensitivity is not None and not 1e-150 < pv.sensitivity < 1e150:
         raise ConfigError(
             f"{s}: privacy.sensitivity must be in (1e-150, 1e150), got {pv.sensitivity}"
         )
@@ -388,6 +456,15 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"{s}: network.max_frame_bytes must be in 1024..2^31")
     if not nw.host:
         raise ConfigError(f"{s}: network.host must not be empty")
+    if cfg.learning:
+        _validate_learning(cfg)
+        return
+    if d.kind not in VALUE_KINDS:
+        raise ConfigError(
+            f"{s}: protocol {pr.name!r} averages one private value per node: data.kind must be "
+            f"one of {', '.join(VALUE_KINDS)}, got {d.kind!r} (datasets are for the learning "
+            f"protocols {', '.join(LEARNING_PROTOCOLS)})"
+        )
     # One value message carries dim float64 numbers plus a small envelope.
     need = 8 * d.dim + 4096
     if need > nw.max_frame_bytes:
@@ -395,3 +472,70 @@ def validate(cfg: Config) -> None:
             f"{s}: data.dim {d.dim} needs frames of about {need} bytes but "
             f"network.max_frame_bytes is {nw.max_frame_bytes}; raise it or lower data.dim"
         )
+
+
+def _validate_learning(cfg: Config) -> None:
+    """Keys of the learning protocols (checked only when one of them is selected)."""
+    s, pr, d, m = cfg.source, cfg.protocol, cfg.data, cfg.model
+    if d.kind not in DATASET_KINDS:
+        raise ConfigError(
+            f"{s}: protocol {pr.name!r} learns from a dataset: data.kind must be one of "
+            f"{', '.join(DATASET_KINDS)}, got {d.kind!r}"
+        )
+    if not 1 <= pr.rounds <= 100_000:
+        raise ConfigError(f"{s}: protocol.rounds must be in 1..100000, got {pr.rounds}")
+    if isinstance(pr.gossip_steps, str):
+        if pr.gossip_steps != "auto":
+            raise ConfigError(
+                f'{s}: protocol.gossip_steps must be a positive integer or "auto", '
+                f"got {pr.gossip_steps!r}"
+            )
+    elif not 1 <= pr.gossip_steps <= 10_000:
+        raise ConfigError(f"{s}: protocol.gossip_steps must be in 1..10000, got {pr.gossip_steps}")
+    if not 0 < pr.step_size <= 1e6:
+        raise ConfigError(f"{s}: protocol.step_size must be in (0, 1e6], got {pr.step_size}")
+    if not 0 <= pr.batch_size <= 10_000_000:
+        raise ConfigError(f"{s}: protocol.batch_size must be >= 0 (0: the whole local shard)")
+    if pr.name == "muffliato-sgd" and pr.batch_size < 1:
+        raise ConfigError(
+            f"{s}: muffliato-sgd samples a minibatch every round: set protocol.batch_size >= 1 "
+            "(or use muffliato-gd for full local gradients)"
+        )
+    if not 0 < pr.clip < 1e150:
+        raise ConfigError(f"{s}: protocol.clip must be > 0 (the per-example L2 clipping norm C)")
+    if d.kind in ("csv", "libsvm"):
+        if not d.path:
+            raise ConfigError(f'{s}: data.path is required for data.kind = "{d.kind}"')
+        if not Path(d.path).is_file():
+            raise ConfigError(f"{s}: data.path {d.path} is not a file")
+    if not 2 <= d.samples <= 10_000_000:
+        raise ConfigError(f"{s}: data.samples must be in 2..10000000, got {d.samples}")
+    if not 1 <= d.features <= 100_000:
+        raise ConfigError(f"{s}: data.features must be in 1..100000, got {d.features}")
+    if not 0 <= d.label_noise <= 1e6:
+        raise ConfigError(f"{s}: data.label_noise must be >= 0, got {d.label_noise}")
+    if not 0 < d.test_fraction < 1:
+        raise ConfigError(f"{s}: data.test_fraction must be in (0, 1), got {d.test_fraction}")
+    if d.task not in ("classification", "regression"):
+        raise ConfigError(
+            f'{s}: data.task must be "classification" or "regression", got {d.task!r}'
+        )
+    if d.partition not in PARTITIONS:
+        raise ConfigError(
+            f"{s}: data.partition {d.partition!r} unknown; choose one of {', '.join(PARTITIONS)}"
+        )
+    if not 0 < d.beta < 1e6:
+        raise ConfigError(f"{s}: data.beta (Dirichlet concentration) must be > 0, got {d.beta}")
+    if d.partition == "fixed":
+        if d.per_node is None or d.per_node < 1:
+            raise ConfigError(
+                f'{s}: data.partition = "fixed" needs data.per_node >= 1 (points per node)'
+            )
+    if m.kind not in MODEL_KINDS:
+        raise ConfigError(
+            f"{s}: model.kind {m.kind!r} unknown; choose one of {', '.join(MODEL_KINDS)}"
+        )
+    if not 0 <= m.l2 < 1e6:
+        raise ConfigError(f"{s}: model.l2 must be >= 0, got {m.l2}")
+    if m.kind == "ridge" and m.l2 <= 0:
+        raise ConfigError(f'{s}: model.kind = "ridge" needs model.l2 > 0')

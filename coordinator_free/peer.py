@@ -34,6 +34,7 @@ from . import seeds
 from .config import Config
 from .net.transport import Inbound, PeerDown, PeerNet, PeerUp
 from .net.wire import Message
+from .protocols import make_plan
 from .protocols import muffliato as mf
 from .viewlog import ViewLogWriter
 
@@ -107,7 +108,12 @@ async def run_peer(
     progress: Progress | None = None,
 ) -> PeerResult:
     progress = progress or Progress(None)
-    plan = mf.make_plan(cfg)
+    plan = make_plan(cfg)
+    if cfg.learning and not plan.decentralized:
+        raise PeerFailure(
+            f"{cfg.protocol.name} is the trusted-curator baseline: it runs in one process "
+            "(cfree run or cfree simulate), not as peers"
+        )
     if plan.n != len(roster.entries):
         raise PeerFailure(
             f"the config describes {plan.n} nodes but the roster lists {len(roster.entries)}"
@@ -157,25 +163,44 @@ async def run_peer(
         vlog.write("connected", peers=neighbours)
         progress.emit(event="connected", node=node_id)
 
-        # The node's value and noise come from streams seeded by its own private key: nobody
-        # else can recompute them, whatever they know of the config.
+        # The node's value, noise and minibatches come from streams seeded by its own private
+        # key: nobody else can recompute them, whatever they know of the config.
         own = seeds.NodeSecretStreams(key, roster.run_id_bytes, node_id)
-        x = mf.private_value(cfg, node_id, own)
-        current = mf.initial_value(x, mf.local_noise(cfg, node_id, own))
-        del x  # the raw input is never needed again
-        previous: np.ndarray | None = None
         engine = _StepEngine(net, vlog, neighbours, plan.steps, deadline, cfg.log.values)
 
+        async def gossip(t0: int, count: int, current: np.ndarray) -> np.ndarray:
+            """``count`` synchronous gossip steps from global step ``t0``."""
+            previous: np.ndarray | None = None
+            for t in range(t0, t0 + count):
+                got = await engine.exchange(t, current)
+                terms = mf.step_terms(row, node_id, current, got)
+                nxt = mf.gossip_update(terms, plan.gamma_at(t), previous)
+                previous, current = current, nxt
+                progress.emit(event="step", node=node_id, step=t + 1, of=plan.steps)
+                if progress.reader_gone:
+                    vlog.write("aborted", step=t + 1, reason="the launcher went away")
+                    raise PeerFailure(f"the launcher went away (after step {t + 1}); stopping")
+            return current
+
         t_run = time.monotonic()
-        for t in range(plan.steps):
-            got = await engine.exchange(t, current)
-            terms = mf.step_terms(row, node_id, current, got)
-            nxt = mf.gossip_update(terms, plan.gamma_at(t), previous)
-            previous, current = current, nxt
-            progress.emit(event="step", node=node_id, step=t + 1, of=plan.steps)
-            if progress.reader_gone:
-                vlog.write("aborted", step=t + 1, reason="the launcher went away")
-                raise PeerFailure(f"the launcher went away (after step {t + 1}); stopping")
+        models: list[np.ndarray] = []
+        if cfg.learning:
+            from .protocols import learning as lp
+
+            task = lp.make_task(cfg, plan.n)
+            theta = task.model.init()
+            models.append(theta)
+            K = plan.gossip_steps
+            for r in range(plan.rounds):
+                thetahat = lp.local_step(plan, task, node_id, r, theta, own)
+                theta = await gossip(r * K, K, thetahat)
+                models.append(theta)
+            current = theta
+        else:
+            x = mf.private_value(cfg, node_id, own)
+            start = mf.initial_value(x, mf.local_noise(cfg, node_id, own))
+            del x  # the raw input is never needed again
+            current = await gossip(0, plan.steps, start)
         run_s = time.monotonic() - t_run
         await engine.finish()
         missed, late = engine.missed, engine.late
@@ -193,6 +218,11 @@ async def run_peer(
             late=late,
         )
         vlog.write("finished", steps=plan.steps, missed=len(missed), late=late)
+        if models:
+            # The node's own model after every round: its output, never sent or logged.
+            tmp_models = results_dir / f"node-{node_id}.models.tmp.npy"
+            np.save(tmp_models, np.stack(models), allow_pickle=False)
+            tmp_models.replace(results_dir / f"node-{node_id}.models.npy")
         tmp = results_dir / f"node-{node_id}.json.tmp"
         tmp.write_text(json.dumps(result.to_json(), indent=1))
         tmp.replace(results_dir / f"node-{node_id}.json")

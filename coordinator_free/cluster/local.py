@@ -11,6 +11,8 @@ Layout of a run directory::
     keys/node-<i>.key  private keys (mode 0600)
     logs/node-<i>.vlog view logs;  logs/node-<i>.stderr  each peer's diagnostics
     results/node-<i>.json  each peer's final estimate and traffic counters
+    results/node-<i>.models.npy  (learning) each peer's model after every round
+    metrics.jsonl      (learning) test loss/accuracy of the node-average model, spread, per round
     summary.json       what ``cfree run`` printed, for machines
     audit.json         the auditor's per-pair losses (same shape as ``cfree audit --json``)
 """
@@ -34,6 +36,7 @@ import numpy as np
 from .. import roster as roster_mod
 from .. import seeds
 from ..config import Config
+from ..protocols import make_plan
 from ..protocols import muffliato as mf
 
 
@@ -219,7 +222,7 @@ async def launch_peers(
     ``on_event(node, event, pid)`` is called for every progress event a peer reports (used by
     fault-injection tests to act at a precise point of a run).
     """
-    plan = mf.make_plan(cfg)
+    plan = make_plan(cfg)
     n = plan.n
     socks = bind_sockets(cfg.network.host, n, cfg.network.base_port)
     procs: list[asyncio.subprocess.Process] = []
@@ -314,18 +317,83 @@ def _stderr_tail(path: Path, lines: int = 5) -> str:
     return " | ".join(text[-lines:]) if text else "(exited without diagnostics)"
 
 
+def _node_result(out_dir: Path, v: int) -> dict | None:
+    try:
+        return json.loads((out_dir / "results" / f"node-{v}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _traffic(res: dict) -> dict:
+    return {
+        "bytes_sent": res["bytes_sent"],
+        "bytes_received": res["bytes_received"],
+        "messages_sent": res["messages_sent"],
+        "elapsed_s": res["elapsed_s"],
+        "steps_per_s": mf.steps_per_second(res["steps"], res["elapsed_s"]),
+        "missed": len(res.get("missed", [])),
+    }
+
+
+def collect_learning_results(cfg: Config, out_dir: Path) -> dict:
+    """Per-node final test accuracy/loss and traffic; metrics.jsonl of the node-average model
+    per round (over the nodes that finished)."""
+    from ..protocols import learning as lp
+
+    plan = make_plan(cfg)
+    task = lp.make_task(cfg, plan.n)
+    ds, model = task.dataset, task.model
+    nodes, histories = [], {}
+    for v in range(plan.n):
+        res = _node_result(out_dir, v)
+        path = models_path(out_dir, v)
+        try:
+            hist = np.load(path, allow_pickle=False) if res is not None else None
+        except (OSError, ValueError):
+            hist = None
+        if res is None or hist is None or hist.shape != (plan.rounds + 1, plan.dim):
+            nodes.append({"node": v, "finished": False})
+            continue
+        histories[v] = hist
+        theta = hist[-1]
+        nodes.append(
+            {
+                "node": v,
+                "finished": True,
+                "test_loss": float(model.loss(theta, ds.X_test, ds.y_test)),
+                "test_accuracy": model.accuracy(theta, ds.X_test, ds.y_test),
+                **_traffic(res),
+            }
+        )
+    metrics = []
+    if histories:
+        stacked = np.stack([histories[v] for v in sorted(histories)], axis=1)  # (R+1, n', dim)
+        metrics = [lp.round_metrics(task, r, stacked[r]) for r in range(stacked.shape[0])]
+        tmp = out_dir / "metrics.jsonl.tmp"
+        tmp.write_text("".join(json.dumps(m) + "\n" for m in metrics))
+        tmp.replace(out_dir / "metrics.jsonl")
+    return {
+        "protocol": plan.protocol,
+        "rounds": plan.rounds,
+        "gossip_steps": plan.gossip_steps,
+        "steps": plan.steps,
+        "nodes": nodes,
+        "metrics": metrics,
+    }
+
+
 def collect_results(cfg: Config, out_dir: Path) -> dict:
     """Per-node estimate errors against the true mean, traffic, and rate."""
+    if cfg.learning:
+        return collect_learning_results(cfg, out_dir)
     plan = mf.make_plan(cfg)
     streams = seeds.streams_of_run(out_dir, plan.n)
     inputs = np.stack([mf.private_value(cfg, v, streams) for v in range(plan.n)])
     true_mean = inputs.mean(axis=0)
     nodes = []
     for v in range(plan.n):
-        path = out_dir / "results" / f"node-{v}.json"
-        try:
-            res = json.loads(path.read_text())
-        except (OSError, ValueError):
+        res = _node_result(out_dir, v)
+        if res is None:
             nodes.append({"node": v, "finished": False})
             continue
         est = np.asarray(res["estimate"], dtype=np.float64)
@@ -335,12 +403,12 @@ def collect_results(cfg: Config, out_dir: Path) -> dict:
                 "finished": True,
                 "estimate": res["estimate"],
                 "error": float(np.linalg.norm(est - true_mean)),
-                "bytes_sent": res["bytes_sent"],
-                "bytes_received": res["bytes_received"],
-                "messages_sent": res["messages_sent"],
-                "elapsed_s": res["elapsed_s"],
-                "steps_per_s": mf.steps_per_second(res["steps"], res["elapsed_s"]),
-                "missed": len(res.get("missed", [])),
+                **_traffic(res),
             }
         )
     return {"true_mean": true_mean.tolist(), "steps": plan.steps, "nodes": nodes}
+
+
+def models_path(out_dir: Path, v: int) -> Path:
+    """Node v's models after every round (learning protocols), written by the peer."""
+    return out_dir / "results" / f"node-{v}.models.npy"

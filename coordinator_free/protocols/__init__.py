@@ -1,0 +1,16 @@
+"""Protocols: each module holds the pure update math shared by the peers and the simulator."""
+
+from __future__ import annotations
+
+from ..config import Config
+
+
+def make_plan(cfg: Config):
+    """The public plan of a run: a MuffliatoPlan (averaging) or a LearningPlan (learning)."""
+    if cfg.learning:
+        from .learning import make_plan as learning_plan
+
+        return learning_plan(cfg)
+    from .muffliato import make_plan as averaging_plan
+
+    return averaging_plan(cfg)

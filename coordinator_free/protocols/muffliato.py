@@ -108,7 +108,7 @@ def make_plan(cfg: Config, graph: nx.Graph | None = None) -> MuffliatoPlan:
         spectral_gap=lam,
         dim=cfg.data.dim,
         sigma=cfg.privacy.sigma,
-        sensitivity=cfg.privacy.sensitivity,
+        sensitivity=cfg.sensitivity,
         alpha=cfg.privacy.alpha,
         delta=cfg.privacy.delta,
     )

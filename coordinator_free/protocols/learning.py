@@ -1,0 +1,288 @@
+"""Private learning over gossip: the pure math of Muffliato-GD/SGD, D-SGD and central DP.
+
+Every node v holds a shard of a dataset and a model ``theta_v`` (all start at 0). Round r:
+
+    g_v      = mean over v's batch of per-example gradients, each clipped to L2 norm C
+    thetahat = theta_v - nu (g_v + eta_v^r + l2 theta_v),      eta_v^r ~ N(0, sigma^2 I)
+    K gossip steps on thetahat (Muffliato, Algorithm 1; Chebyshev re-scaled if accelerated,
+    x^{r,1} = W x^{r,0} at the first step of every round)
+    theta_v^{r+1} = x_v^{r,K}
+
+* ``muffliato-gd``: the batch is v's whole shard (Algorithm 3 with GD), K from the config.
+* ``muffliato-sgd``: a minibatch of ``batch_size`` points drawn from v's own secret stream.
+* ``dsgd``: D-SGD with local DP, the baseline: one plain gossip step per round (K = 1).
+* ``central-dp``: the trusted curator: one model, ``theta -= nu ((sum_v g_v + N(0, sigma^2 I))/n
+  + l2 theta)``. The curator's noise on the *sum* has the same std as one node's noise in the
+  decentralized protocols, so at equal sigma every user has the same per-round loss (one Gaussian
+  mechanism of sensitivity 2C) as under local DP, with n times less noise on the mean.
+
+Clipping happens on the clean per-example gradients, before any noise; the clipped mean has norm
+at most C, so replacing one node's whole shard moves it by at most 2C (the sensitivity the
+accountant uses unless ``privacy.sensitivity`` says otherwise).
+
+Exchange steps are numbered globally, ``t = r K + k``: the peer's step engine, the view logs and
+the auditor all use that index, so round r's messages are steps ``rK .. rK + K - 1``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+
+from .. import graphs, seeds
+from ..config import Config
+from ..learning import datasets, models
+from ..learning.partition import partition as split_shards
+from . import muffliato as mf
+
+
+@dataclass(frozen=True)
+class LearningTask:
+    """The dataset, every node's shard (indices into the training set) and the model."""
+
+    dataset: datasets.Dataset
+    shards: tuple[np.ndarray, ...]
+    model: models.Model
+
+    def shard(self, v: int) -> tuple[np.ndarray, np.ndarray]:
+        idx = self.shards[v]
+        return self.dataset.X_train[idx], self.dataset.y_train[idx]
+
+
+@dataclass(frozen=True)
+class LearningPlan:
+    """Everything public about a learning run, derived deterministically from the config."""
+
+    protocol: str
+    n: int
+    graph: nx.Graph
+    W: np.ndarray
+    rounds: int
+    gossip_steps: int  # K (1 for dsgd, 0 for central-dp: nothing is exchanged)
+    accelerated: bool
+    gamma: float
+    spectral_gap: float
+    step_size: float
+    batch_size: int
+    clip: float
+    dim: int  # number of model parameters
+    model: str
+    sigma: float
+    sensitivity: float
+    alpha: float
+    delta: float
+
+    @property
+    def steps(self) -> int:
+        """Exchange steps of the whole run (every round has ``gossip_steps`` of them)."""
+        return self.rounds * self.gossip_steps
+
+    @property
+    def decentralized(self) -> bool:
+        return self.protocol != "central-dp"
+
+    def round_of(self, t: int) -> tuple[int, int]:
+        return divmod(t, self.gossip_steps)
+
+    def gamma_at(self, t: int) -> float:
+        k = t % self.gossip_steps
+        return 1.0 if (k == 0 or not self.accelerated) else self.gamma
+
+    def neighbours(self, v: int) -> list[int]:
+        return sorted(self.graph.neighbors(v))
+
+    def row(self, v: int) -> dict[int, float]:
+        return {w: float(self.W[v, w]) for w in sorted([*self.graph.neighbors(v), v])}
+
+    def public_params(self) -> dict:
+        return {
+            "protocol": self.protocol,
+            "n": self.n,
+            "steps": self.steps,
+            "rounds": self.rounds,
+            "gossip_steps": self.gossip_steps,
+            "accelerated": self.accelerated,
+            "gamma": self.gamma,
+            "spectral_gap": self.spectral_gap,
+            "step_size": self.step_size,
+            "batch_size": self.batch_size,
+            "clip": self.clip,
+            "dim": self.dim,
+            "model": self.model,
+            "sigma": self.sigma,
+            "sensitivity": self.sensitivity,
+            "alpha": self.alpha,
+            "delta": self.delta,
+        }
+
+
+def auto_gossip_steps(lam: float, n: int, accelerated: bool) -> int:
+    """K of Theorem 5 with the heterogeneity term unknown: ``ceil(rate^{-1} ln n)``, rate =
+    sqrt(lambda_W) with Chebyshev acceleration, lambda_W without (at least 1)."""
+    rate = math.sqrt(lam) if accelerated else lam
+    return max(1, math.ceil(math.log(max(n, 2)) / rate))
+
+
+@functools.lru_cache(maxsize=8)
+def _task(cfg: Config, n: int) -> LearningTask:
+    d, m = cfg.data, cfg.model
+    ds = datasets.load_dataset(
+        d.kind,
+        seed=cfg.run.seed,
+        path=d.path,
+        samples=d.samples,
+        features=d.features,
+        label_noise=d.label_noise,
+        test_fraction=d.test_fraction,
+        standardize=d.standardize,
+        normalize=d.normalize,
+        intercept=d.intercept,
+        label_column=d.label_column,
+        task=d.task,
+    )
+    shards = split_shards(
+        ds.y_train,
+        n,
+        d.partition,
+        seed=cfg.run.seed,
+        beta=d.beta,
+        per_node=d.per_node,
+        n_classes=ds.n_classes,
+    )
+    kind = m.kind
+    if kind == "auto":
+        kind = (
+            "least-squares"
+            if ds.n_classes == 0
+            else "logistic"
+            if ds.n_classes == 2
+            else "multinomial"
+        )
+    model = models.make_model(kind, ds.n_features, ds.n_classes, l2=m.l2)
+    return LearningTask(dataset=ds, shards=tuple(shards), model=model)
+
+
+def make_task(cfg: Config, n: int | None = None) -> LearningTask:
+    """Load the dataset (derived from the run seed or read from data.path), split it into one
+    shard per node and build the model. Deterministic: every peer derives the same task."""
+    return _task(cfg, n if n is not None else cfg.graph_n())
+
+
+def make_plan(cfg: Config, graph: nx.Graph | None = None) -> LearningPlan:
+    g = graph if graph is not None else mf.build_graph_from_config(cfg)
+    n = g.number_of_nodes()
+    W = graphs.gossip_matrix(g, cfg.protocol.weights)
+    lam = graphs.spectral_gap(W)
+    pr = cfg.protocol
+    if pr.name == "dsgd":
+        accelerated, K = False, 1
+    elif pr.name == "central-dp":
+        accelerated, K = False, 0
+    else:
+        accelerated = pr.accelerated
+        K = (
+            auto_gossip_steps(lam, n, accelerated)
+            if pr.gossip_steps == "auto"
+            else int(pr.gossip_steps)
+        )
+    gamma = graphs.chebyshev_gamma(lam) if accelerated else 1.0
+    task = make_task(cfg, n)
+    return LearningPlan(
+        protocol=pr.name,
+        n=n,
+        graph=g,
+        W=W,
+        rounds=pr.rounds,
+        gossip_steps=K,
+        accelerated=accelerated,
+        gamma=gamma,
+        spectral_gap=lam,
+        step_size=pr.step_size,
+        batch_size=pr.batch_size,
+        clip=pr.clip,
+        dim=task.model.dim,
+        model=task.model.kind,
+        sigma=cfg.privacy.sigma,
+        sensitivity=cfg.sensitivity,
+        alpha=cfg.privacy.alpha,
+        delta=cfg.privacy.delta,
+    )
+
+
+def batch(plan: LearningPlan, task: LearningTask, v: int, round_: int, streams: seeds.Streams):
+    """Node v's (X, y) for round r: its whole shard, or a minibatch drawn without replacement
+    from v's own secret batch stream (sorted, so the gradient sum order is fixed)."""
+    X, y = task.shard(v)
+    if plan.batch_size and plan.batch_size < len(y):
+        rng = streams.stream(seeds.PURPOSE_BATCH, v, round_)
+        idx = np.sort(rng.choice(len(y), size=plan.batch_size, replace=False))
+        return X[idx], y[idx]
+    return X, y
+
+
+def gradient_noise(plan: LearningPlan, v: int, round_: int, streams: seeds.Streams) -> np.ndarray:
+    """Node v's fresh Gaussian noise of round r, from v's secret noise stream."""
+    return streams.stream(seeds.PURPOSE_NOISE, v, round_).normal(0.0, plan.sigma, size=plan.dim)
+
+
+def local_step(
+    plan: LearningPlan,
+    task: LearningTask,
+    v: int,
+    round_: int,
+    theta: np.ndarray,
+    streams: seeds.Streams,
+) -> np.ndarray:
+    """thetahat_v = theta_v - nu (clipped mean gradient + noise + l2 theta_v): the only value a
+    node sends that depends on its data, always noised."""
+    X, y = batch(plan, task, v, round_, streams)
+    g = models.clipped_mean_grad(task.model, theta, X, y, plan.clip)
+    eta = gradient_noise(plan, v, round_, streams)
+    return theta - plan.step_size * (g + eta + task.model.regulariser_grad(theta))
+
+
+def central_step(
+    plan: LearningPlan,
+    task: LearningTask,
+    round_: int,
+    theta: np.ndarray,
+    streams: seeds.Streams,
+) -> np.ndarray:
+    """One step of the trusted curator (central DP): noise of std sigma on the sum of the n
+    clipped gradients."""
+    total = np.zeros(plan.dim)
+    for v in range(plan.n):
+        X, y = batch(plan, task, v, round_, streams)
+        total = total + models.clipped_mean_grad(task.model, theta, X, y, plan.clip)
+    noise = streams.stream(seeds.PURPOSE_NOISE, 0, round_).normal(0.0, plan.sigma, size=plan.dim)
+    return theta - plan.step_size * ((total + noise) / plan.n + task.model.regulariser_grad(theta))
+
+
+def round_metrics(task: LearningTask, round_: int, thetas: np.ndarray) -> dict:
+    """Metrics of the node-average model and the spread across nodes after ``round_`` rounds.
+    ``thetas``: (n, dim), one model per node (a single row for central DP)."""
+    ds, model = task.dataset, task.model
+    avg = thetas.mean(axis=0)
+    out = {
+        "round": round_,
+        "avg_test_loss": float(model.loss(avg, ds.X_test, ds.y_test)),
+        "avg_test_accuracy": model.accuracy(avg, ds.X_test, ds.y_test),
+        "avg_train_loss": float(model.loss(avg, ds.X_train, ds.y_train)),
+        "consensus_distance": float(np.mean(np.linalg.norm(thetas - avg, axis=1))),
+    }
+    if ds.n_classes:
+        accs = [model.accuracy(t, ds.X_test, ds.y_test) for t in thetas]
+        out.update(
+            node_test_accuracy_min=float(min(accs)),
+            node_test_accuracy_mean=float(np.mean(accs)),
+            node_test_accuracy_max=float(max(accs)),
+        )
+    else:
+        out.update(
+            node_test_accuracy_min=None, node_test_accuracy_mean=None, node_test_accuracy_max=None
+        )
+    return out
