@@ -116,6 +116,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--source", type=int, help="source node u (default: summary over all pairs)")
     p.add_argument("--method", choices=["exact", "paper"], default="exact")
+    p.add_argument(
+        "--target-eps",
+        type=float,
+        metavar="E",
+        help="calibrate instead: find the smallest privacy.sigma whose eps (at privacy.delta) "
+        "is at most E, and name the binding pair",
+    )
+    p.add_argument(
+        "--budget",
+        choices=["worst", "mean"],
+        default="worst",
+        help="with --target-eps: 'worst' (default) bounds every pair; 'mean' bounds the mean "
+        "loss over pairs (the Muffliato paper's summary, not a guarantee for any pair)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser(
@@ -185,7 +199,14 @@ def _print_plan(rep: dict) -> None:
         f"spectral gap={rep['spectral_gap']:.4g}  method={rep['method']}  alpha={rep['alpha']}  "
         f"delta={rep['delta']:g}"
     )
+    if "rounds" in rep:
+        print(
+            f"protocol={rep['protocol']}  rounds={rep['rounds']}  gossip steps per round="
+            f"{rep['gossip_steps']}  sigma={rep['sigma']:g}  sensitivity={rep['sensitivity']:g}"
+        )
     print(f"LDP baseline: rdp={_fmt(rep['ldp']['rdp'])}  eps={_fmt(rep['ldp']['eps'])}")
+    if rep.get("accounting"):
+        print(f"accounting: {rep['accounting']}")
     if rep.get("source") is not None:
         rows = [
             [
@@ -551,10 +572,38 @@ def _emit(args, report: dict, printer) -> int:
 
 
 def cmd_plan(args) -> int:
-    from .audit import plan_report
+    from .audit import calibrate, plan_report
 
     cfg = config_mod.load(args.config, args.set)
+    if args.target_eps is not None:
+        if args.source is not None:
+            raise CliError("--target-eps calibrates over all pairs; drop --source")
+        rep = calibrate(cfg, args.target_eps, method=args.method, budget=args.budget)
+        return _emit(args, rep, _print_calibration)
     return _emit(args, plan_report(cfg, source=args.source, method=args.method), _print_plan)
+
+
+def _print_calibration(rep: dict) -> None:
+    b = rep["binding"]
+    what = (
+        f"binding pair {b['source']} -> {b['observer']}"
+        if rep["budget"] == "worst"
+        else "binding: the mean over pairs"
+    )
+    print(
+        f"{rep['protocol']}: sigma = {rep['sigma']:.6g} meets eps <= {rep['target_eps']:g} at "
+        f"delta = {rep['delta']:g} ({rep['method']} method, {rep['budget']} budget, "
+        f"sensitivity {rep['sensitivity']:g}, {rep['steps']} exchange steps)"
+    )
+    print(f"  {what}: rdp = {_fmt(b['rdp'])}, eps = {_fmt(b['eps'])}")
+    w, m = rep["worst_pair"], rep["mean_over_pairs"]
+    print(f"  worst pair {w['source']} -> {w['observer']}: eps = {_fmt(w['eps'])}")
+    print(
+        f"  mean over pairs: eps = {_fmt(m['eps'])};  local DP at this sigma: eps = {_fmt(rep['ldp']['eps'])}"
+    )
+    if rep.get("accounting"):
+        print(f"  accounting: {rep['accounting']}")
+    print(f"use it: --set privacy.sigma={rep['sigma']:.6g}")
 
 
 def cmd_audit(args) -> int:

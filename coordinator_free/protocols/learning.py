@@ -34,7 +34,7 @@ import networkx as nx
 import numpy as np
 
 from .. import graphs, seeds
-from ..config import Config
+from ..config import Config, ConfigError, DataSection, ModelSection
 from ..learning import datasets, models
 from ..learning.partition import partition as split_shards
 from . import muffliato as mf
@@ -128,11 +128,10 @@ def auto_gossip_steps(lam: float, n: int, accelerated: bool) -> int:
 
 
 @functools.lru_cache(maxsize=8)
-def _task(cfg: Config, n: int) -> LearningTask:
-    d, m = cfg.data, cfg.model
+def _task(d: DataSection, m: ModelSection, seed: int, n: int) -> LearningTask:
     ds = datasets.load_dataset(
         d.kind,
-        seed=cfg.run.seed,
+        seed=seed,
         path=d.path,
         samples=d.samples,
         features=d.features,
@@ -148,7 +147,7 @@ def _task(cfg: Config, n: int) -> LearningTask:
         ds.y_train,
         n,
         d.partition,
-        seed=cfg.run.seed,
+        seed=seed,
         beta=d.beta,
         per_node=d.per_node,
         n_classes=ds.n_classes,
@@ -169,7 +168,11 @@ def _task(cfg: Config, n: int) -> LearningTask:
 def make_task(cfg: Config, n: int | None = None) -> LearningTask:
     """Load the dataset (derived from the run seed or read from data.path), split it into one
     shard per node and build the model. Deterministic: every peer derives the same task."""
-    return _task(cfg, n if n is not None else cfg.graph_n())
+    n = n if n is not None else cfg.graph_n()
+    try:
+        return _task(cfg.data, cfg.model, cfg.run.seed, n)
+    except ValueError as exc:  # DataError (a bad file names its line), bad split or model
+        raise ConfigError(f"{cfg.source}: [data]/[model]: {exc}") from None
 
 
 def make_plan(cfg: Config, graph: nx.Graph | None = None) -> LearningPlan:
@@ -191,6 +194,13 @@ def make_plan(cfg: Config, graph: nx.Graph | None = None) -> LearningPlan:
         )
     gamma = graphs.chebyshev_gamma(lam) if accelerated else 1.0
     task = make_task(cfg, n)
+    need = 8 * task.model.dim + 4096
+    if pr.name != "central-dp" and need > cfg.network.max_frame_bytes:
+        raise ConfigError(
+            f"{cfg.source}: the {task.model.kind} model has {task.model.dim} parameters and needs "
+            f"frames of about {need} bytes but network.max_frame_bytes is "
+            f"{cfg.network.max_frame_bytes}; raise it"
+        )
     return LearningPlan(
         protocol=pr.name,
         n=n,
