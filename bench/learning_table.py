@@ -60,8 +60,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=30)
     args = ap.parse_args()
     lines = [
-        f"| graph | budget | accountant | protocol | sigma | test acc | eps worst (exact/paper) "
-        f"| eps mean (exact/paper) |",
+        "| graph | budget | accountant | protocol | sigma | test acc | eps worst (exact/paper) "
+        "| eps mean (exact/paper) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     with tempfile.TemporaryDirectory() as tmp:

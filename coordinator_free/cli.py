@@ -629,10 +629,19 @@ def cmd_simulate(args) -> int:
         if args.config is not None:
             raise CliError("give either a config or --run, not both")
         cfg = config_mod.load(args.run / "config.toml", args.set)
+        if cfg.learning and cfg.protocol.name == "central-dp":
+            raise CliError(
+                f"{args.run} is a central-dp run: it has no peers to reproduce, and the curator's "
+                "noise came from a secret seed that is not kept"
+            )
+        if not (args.run / "roster.json").is_file():
+            raise CliError(f"{args.run} has no roster.json: not a run directory of `cfree run`")
         n = len(json.loads((args.run / "roster.json").read_text())["nodes"])
         streams = seeds.streams_of_run(args.run, n)
     else:
         cfg = config_mod.load(args.config, args.set)
+    if cfg.learning:
+        return _simulate_learning(args, cfg, streams)
     r = simulate(cfg, streams=streams)
     out = {
         "n": r.plan.n,
@@ -654,6 +663,31 @@ def cmd_simulate(args) -> int:
         ]
         print(_table(["node", "final value", "|est - mean|"], rows))
         print("mean squared error by step: " + " ".join(_fmt(x) for x in r.history_mse))
+    return 0
+
+
+def _simulate_learning(args, cfg, streams) -> int:
+    from .sim import simulate_learning
+
+    r = simulate_learning(cfg, streams=streams)
+    out = {
+        "protocol": cfg.protocol.name,
+        "n": r.plan.n,
+        "rounds": r.plan.rounds,
+        "gossip_steps": r.plan.gossip_steps,
+        "model": r.plan.model,
+        "dim": r.plan.dim,
+        "metrics": r.metrics,
+        "finals": r.finals.tolist(),
+    }
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        print(
+            f"{out['protocol']}: n={out['n']} rounds={out['rounds']} K={out['gossip_steps']} "
+            f"model={out['model']} ({out['dim']} parameters)"
+        )
+        _print_learning_summary({"results": {"nodes": [], "metrics": r.metrics}})
     return 0
 
 

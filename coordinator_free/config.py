@@ -501,6 +501,11 @@ def _validate_learning(cfg: Config) -> None:
             f"{s}: muffliato-sgd samples a minibatch every round: set protocol.batch_size >= 1 "
             "(or use muffliato-gd for full local gradients)"
         )
+    if pr.name == "muffliato-gd" and pr.batch_size:
+        raise ConfigError(
+            f"{s}: muffliato-gd uses each node's whole shard every round; for minibatches of "
+            f"protocol.batch_size = {pr.batch_size} use muffliato-sgd (or leave batch_size at 0)"
+        )
     if not 0 < pr.clip < 1e150:
         raise ConfigError(f"{s}: protocol.clip must be > 0 (the per-example L2 clipping norm C)")
     if d.kind in ("csv", "libsvm"):
