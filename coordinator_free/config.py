@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .graphs import GRAPH_KINDS, WEIGHT_SCHEMES
+from .learning.datasets import DATASET_KINDS  # numpy only; scikit-learn is imported on use
 
 #: Private averaging (one noisy value per node, then gossip).
 AVERAGING_PROTOCOLS = ("muffliato",)
@@ -26,16 +27,6 @@ PROTOCOLS = AVERAGING_PROTOCOLS + LEARNING_PROTOCOLS
 DEFAULT_CONFIG = Path(__file__).parent / "examples" / "muffliato-ring.toml"
 #: Per-node private values for averaging.
 VALUE_KINDS = ("uniform", "gaussian", "bernoulli")
-#: Datasets for learning (coordinator_free.learning.datasets.DATASET_KINDS).
-DATASET_KINDS = (
-    "synthetic-logistic",
-    "synthetic-lstsq",
-    "breast_cancer",
-    "digits",
-    "wine",
-    "csv",
-    "libsvm",
-)
 DATA_KINDS = VALUE_KINDS + DATASET_KINDS
 PARTITIONS = ("iid", "dirichlet", "fixed")
 MODEL_KINDS = ("auto", "logistic", "multinomial", "least-squares", "ridge")

@@ -28,6 +28,17 @@ class SimResult:
         return self.inputs.mean(axis=0)
 
 
+def _gossip_step(rows, current, previous, gamma_t: float) -> list[np.ndarray]:
+    """One synchronous step of every node, each with its terms in increasing node-id order
+    (exactly what each peer computes)."""
+    out = []
+    for v, row in enumerate(rows):
+        received = {w: current[w] for w in row if w != v}
+        terms = mf.step_terms(row, v, current[v], received)
+        out.append(mf.gossip_update(terms, gamma_t, previous[v]))
+    return out
+
+
 def simulate(
     cfg: Config, plan: mf.MuffliatoPlan | None = None, streams: seeds.Streams | None = None
 ) -> SimResult:
@@ -48,13 +59,7 @@ def simulate(
 
     history = [mse(current)]
     for t in range(plan.steps):
-        g = plan.gamma_at(t)
-        nxt = []
-        for v in range(n):
-            received = {w: current[w] for w in rows[v] if w != v}
-            terms = mf.step_terms(rows[v], v, current[v], received)
-            nxt.append(mf.gossip_update(terms, g, previous[v]))
-        previous, current = current, nxt
+        previous, current = current, _gossip_step(rows, current, previous, plan.gamma_at(t))
         history.append(mse(current))
     return SimResult(plan=plan, inputs=inputs, finals=np.stack(current), history_mse=history)
 
@@ -95,12 +100,7 @@ def simulate_learning(cfg: Config, streams: seeds.Streams | None = None) -> Lear
             previous: list[np.ndarray | None] = [None] * n
             for k in range(plan.gossip_steps):
                 g = plan.gamma_at(r * plan.gossip_steps + k)
-                nxt = []
-                for v in range(n):
-                    received = {w: current[w] for w in rows[v] if w != v}
-                    terms = mf.step_terms(rows[v], v, current[v], received)
-                    nxt.append(mf.gossip_update(terms, g, previous[v]))
-                previous, current = current, nxt
+                previous, current = current, _gossip_step(rows, current, previous, g)
             thetas = current
             history.append(np.stack(thetas))
     models = np.stack(history)

@@ -274,8 +274,15 @@ def test_audit_of_fault_free_learning_run_equals_plan(learning_runs, protocol):
                 assert 0.0 <= x["factor"] <= R * (1 + 1e-9)
             count += 1
     assert count == N * (N - 1) * len(audit.METHODS)
-    # Each round a neighbour sees the node's noisy step directly: R-fold local DP.
-    assert float(F["exact"][1, 0]) == pytest.approx(R, rel=1e-9)
+    # Each round a neighbour sees the node's noisy step directly: R-fold local DP under Eq. (13).
+    assert float(F["paper"][1, 0]) == pytest.approx(R, rel=1e-9)
+    # The joint view of all rounds: the first round's direct view is a full local-DP loss, and
+    # later rounds' messages also carry other nodes' unknown noise, so a neighbour's loss is
+    # between 1 and R (docs/privacy.md, section 8).
+    assert 1.0 - 1e-9 <= float(F["exact"][1, 0]) <= R * (1 + 1e-9)
+    # Far nodes still learn about old gradients through the models: never 0 beyond one hop,
+    # unlike a per-round composition.
+    assert float(F["exact"][N // 2, 0]) > 0.0
     if protocol == "dsgd":
         # 'paper' for the baseline is its own guarantee: R-fold local DP for every pair.
         assert np.all(F["paper"] == R)

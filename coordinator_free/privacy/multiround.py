@@ -28,7 +28,8 @@ factors of the local-DP loss ``L = alpha Delta^2 / (2 sigma^2)`` (see ``rdp.rho_
 
 * ``upper = min(R lambda_max(Q), sum_{s,s'} |Q_{ss'}|)``: an upper bound on the sup for scalar and
   for vector gradients (per-round L2 sensitivity), never above R (R-fold LDP composition);
-* ``diag = trace(Q)``: the average of ``a^T Q a`` over random signs, so a *lower* bound on the sup;
+* ``diag = trace(Q)``: the average of ``a^T Q a`` over random signs, so a *lower* bound on the sup
+  (``lower`` also takes ``1^T Q 1``, the value at a = 1; it meets ``upper`` when Q >= 0);
 * ``per_round``: each round's messages accounted as a fresh single-run Muffliato view (theta^r
   public), composed over the rounds. For a fixed W this is ``R * plan_factors(W, K, ...)``.
 
@@ -40,9 +41,12 @@ Findings (tests/test_multiround.py; measured, not assumed):
   sources, because it treats theta^r as public: on the path u - w - v (Metropolis weights 1/3),
   K = 1, R = 2, v's round-1 message from w is ``theta^1_w - nu z^1_w`` with theta^1_w containing
   u's unknown round-0 noise; exactly ``Q^(w) = diag(1, 9/10)``, so every joint quantity is 1.9
-  while ``per_round`` = 2. What does hold: summed over sources, ``sum_u diag >= sum_u per_round``
-  (the joint coefficient matrix is block triangular over rounds with the per-round ones on its
-  diagonal, so its rank is at least the sum of theirs).
+  while ``per_round`` = 2. Summed over sources the two agree exactly: ``sum_u diag = sum_u
+  per_round`` = the number of independent directions v observes (each round adds d_r of them,
+  jointly as on its own, since its innovations have covariance >= I). So ``diag`` exceeds
+  ``per_round`` at some sources only by falling below it at others: the joint view moves loss from
+  near sources to far ones. (``upper`` >= ``diag`` also fell below ``per_round`` for some near
+  sources in most graphs measured, e.g. by up to 0.03 on Erdős–Rényi n = 128, R = 200.)
 * Accelerated and plain gossip give the same Q only for R = 1 or K = 1. For R >= 2 and K >= 2 the
   within-round spans agree but the models passed on (``theta^{r+1} = P_K(W) x^{r,0}``) differ, and
   so does the joint view (ring of 6, K = 2, R = 2: entries differ by up to 0.06).
@@ -74,8 +78,33 @@ from the Lanczos rank checks):
   transition matrices because ``S_r >= I``, so those are formed in float64.
 
 Float paths report Q with an absolute error budget ``FLOAT_ENTRY_TOL`` per entry (measured errors
-against the rational path are below 1e-12) and ``upper`` includes it; sources whose columns are
+against the rational path and against an independent dense QR of the explicit well-conditioned
+basis: <= 2e-15, for R up to 200) and ``upper`` includes it; sources whose columns are
 structurally zero (no walk reaches an observed message) get exactly 0.
+
+Limits, measured on this 2-core machine with single-threaded BLAS while other jobs kept the load
+at 12-15 (a multi-threaded BLAS was up to 15x slower under that load; set OPENBLAS_NUM_THREADS=1):
+
+* rational (any schedule, n <= ``RATIONAL_MAX_NODES``): cost grows with the rank R (n-1) and the
+  size of the exact coefficients (Chebyshev gammas read as 30-50-bit fractions make them large).
+  0.1-0.9 s at R (n-1) = 60 (``JOINT_RATIONAL_MAX_COLS``, the auto threshold); 0.4-5 s at
+  90-160 columns, 15 s for a geometric 16-node graph with faults, K = 8, R = 6, accelerated.
+* float (fault-free fixed W): O(R D^3 + R^2 D^2 n) time, 8 R D (n + 2 D) bytes, D = n or the
+  dimension of the invariant Krylov space (hypercube n = 2048: D = 112). Hypercube n = 2048,
+  K = 19: 1.8 s at R = 20, 5.6 s at R = 50, 28 s at R = 100. Erdős–Rényi n = 128, K = 8: 0.6 /
+  2.0 / 9.7 s at R = 50 / 100 / 200; n = 256, K = 10: 3.6 / 12.5 s at R = 50 / 100; n = 512,
+  K = 12: 5.7 / 13 s at R = 20 / 50; n = 1024, K = 12: 9 / 44 s at R = 10 / 30, refused at R = 40
+  (``FLOAT_MAX_ENTRIES``, ~800 MB). Ring n = 64, K = 1: 4.3 s at R = 500. A random geometric
+  graph n = 200, K = 30 is refused: its within-round Krylov span has a direction of relative size
+  4e-10, inside the band where float64 cannot decide (the single-run accountant refuses too);
+  graphs with n <= RATIONAL_MAX_NODES fall back to exact spans instead.
+* hybrid (faults, n <= RATIONAL_MAX_NODES): the exact span of every distinct faulty round,
+  0.04 s (hypercube n = 32, K = 10) to ~1.5 s (n = 64, K = 12) each, plus the filter.
+  Faulty schedules with n > RATIONAL_MAX_NODES are refused.
+
+Caveat: like the paper, the model treats gradients as inputs fixed in advance. When gradients
+depend on the iterates, changing u's data also changes other nodes' later gradients through the
+models; that (nonlinear) effect is not captured here.
 """
 
 from __future__ import annotations
@@ -113,7 +142,7 @@ __all__ = [
 JOINT_RATIONAL_MAX_COLS = 60
 #: The Kalman paths keep R * D * n sensitivities (D = state dimension <= n); past this many
 #: float64 entries they refuse.
-FLOAT_MAX_ENTRIES = 40_000_000
+FLOAT_MAX_ENTRIES = 100_000_000
 #: Absolute error budget per entry of Q on the float paths (measured: < 1e-12); ``upper`` adds it.
 FLOAT_ENTRY_TOL = 1e-9
 #: Same for the rational path (exact span, projector accurate to ~1e-15, eigenvalue rounding).
@@ -133,8 +162,11 @@ class MultiRoundLoss:
     ``upper``: ``min(R lambda_max(Q), sum |Q|)`` (+ the float error budget), an upper bound on the
     exact joint loss, <= R. ``diag``: ``trace(Q)``, a lower bound on it. ``per_round``: composition
     of each round's own single-run view (not a bound in either direction; see module doc).
-    ``q``: the R x R matrices ``Q^(u)``, shape (n, R, R). The observer's own entries are R (and
-    ``q[v] = I``). ``method``: ``"rational"``, ``"float"`` or ``"hybrid"``.
+    ``q``: the R x R matrices ``Q^(u)``, shape (n, R, R). ``lower``: ``max(trace Q, 1^T Q 1)``, the
+    better of two values the sup attains or exceeds (the same-sign gradient change ``a = 1``);
+    equal to ``upper`` (up to the error budget) when Q is entrywise nonnegative, which is typical
+    for distant sources. The observer's own entries are R (and ``q[v] = I``). ``method``:
+    ``"rational"``, ``"float"`` or ``"hybrid"``.
     """
 
     upper: np.ndarray
@@ -142,6 +174,7 @@ class MultiRoundLoss:
     per_round: np.ndarray
     method: str
     q: np.ndarray | None = None
+    lower: np.ndarray | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -597,19 +630,30 @@ def _kalman(qs: list[np.ndarray], fs: list[np.ndarray], inj: np.ndarray, uv: np.
     qs[r]: D x d_r orthonormal observation basis (orthogonal to uv); fs[r]: D x D transition of
     round r; inj: D x n, column u = where a unit shift of z^s_u enters x^{s,0} (column v zero);
     uv: v's coordinate vector in state coordinates. Returns J of shape (n, R, R).
+
+    With the innovation ``nu_r = Q_r^T (x^{r,0} - xhat_r)``, ``S_r = Q_r^T Sigma_r Q_r >= I``,
+    gain ``K_r`` and closed loop ``Phi_r = F_r (I - K_r Q_r^T)``, a shift of z^s_u moves the
+    prediction error of round r >= s by ``Psi(r, s) inj e_u`` (``Psi`` = product of the Phi), so
+
+        J_{s s'} = sum_{r >= s'} inj^T Psi(r, s)^T H_r Psi(r, s') inj,   H_r = Q_r S_r^{-1} Q_r^T
+                 = (Psi(s', s) inj)^T Lambda_{s'} inj                     (s <= s'),
+
+    with the backward information ``Lambda_t = H_t + Phi_t^T Lambda_{t+1} Phi_t``. Three passes:
+    Riccati (forward), Lambda (backward), sensitivities Psi(t, s) inj (forward). Cost
+    O(R D^3 + R^2 D^2 n), memory 2 R D^2 + R D n.
     """
     rounds = len(qs)
     dim, n = inj.shape
-    zs = np.eye(dim) - np.outer(uv, uv)
+    eye = np.eye(dim)
+    zs = eye - np.outer(uv, uv)
     sig = zs.copy()
-    bm = np.zeros((dim, rounds * n))
-    bm[:, :n] = inj
-    jac = np.zeros((n, rounds, rounds))
+    hs: list[np.ndarray | None] = []
+    phis: list[np.ndarray] = []
     for r in range(rounds):
         q = qs[r]
-        d = q.shape[1]
-        w = (r + 1) * n
-        if d:
+        a = eye
+        h = None
+        if q.shape[1]:
             sq = sig @ q
             s = q.T @ sq
             s = 0.5 * (s + s.T)
@@ -620,22 +664,41 @@ def _kalman(qs: list[np.ndarray], fs: list[np.ndarray], inj: np.ndarray, uv: np.
                     "observation basis is not orthonormal or not orthogonal to e_v"
                 )
             lo = np.linalg.cholesky(s)
-            t = q.T @ bm[:, :w]  # d x (r+1) n
-            y = sla.solve_triangular(lo, t, lower=True)
-            yu = y.reshape(d, r + 1, n).transpose(2, 1, 0)  # (n, r+1, d)
-            jac[:, : r + 1, : r + 1] += yu @ yu.transpose(0, 2, 1)
             gain = sla.cho_solve((lo, True), sq.T).T  # Sigma Q S^{-1}
-            bm[:, :w] -= gain @ t
-            a = np.eye(dim) - gain @ q.T
-            sig = a @ sig @ a.T
+            lq = sla.solve_triangular(lo, q.T, lower=True)  # L^{-1} Q^T
+            h = lq.T @ lq
+            a = eye - gain @ q.T
+            sig = a @ sig @ a.T  # Joseph form (noiseless observation)
             sig = 0.5 * (sig + sig.T)
+        hs.append(h)
         if r + 1 < rounds:
             f = fs[r]
-            bm[:, :w] = f @ bm[:, :w]
-            bm[:, w : w + n] = inj
+            phis.append(f @ a)
             sig = f @ sig @ f.T + zs
             sig = 0.5 * (sig + sig.T)
-    return 0.5 * (jac + jac.transpose(0, 2, 1))
+    lams: list[np.ndarray] = [np.zeros((dim, dim))] * rounds
+    nxt = None
+    for r in range(rounds - 1, -1, -1):
+        lam = np.zeros((dim, dim)) if hs[r] is None else hs[r].copy()
+        if nxt is not None:
+            lam += phis[r].T @ nxt @ phis[r]
+        lam = 0.5 * (lam + lam.T)
+        lams[r] = lam
+        nxt = lam
+    del hs
+    bm = np.empty((dim, rounds * n))
+    bm[:, :n] = inj
+    jac = np.zeros((n, rounds, rounds))
+    for t in range(rounds):
+        w = (t + 1) * n
+        v = lams[t] @ inj  # D x n
+        col = np.einsum("isu,iu->us", bm[:, :w].reshape(dim, t + 1, n), v)  # (n, t+1)
+        jac[:, : t + 1, t] = col
+        jac[:, t, : t + 1] = col
+        if t + 1 < rounds:
+            bm[:, :w] = phis[t] @ bm[:, :w]
+            bm[:, w : w + n] = inj
+    return jac
 
 
 def _orthonormal_cols(x: np.ndarray) -> np.ndarray:
@@ -696,10 +759,11 @@ def _joint_float(w, sched, keys, rec_by, observer, n, conv, strict, allow_ration
         except NumericalRankError:
             u_basis = None  # fall back to the full space (always exact)
     dim = n if u_basis is None else u_basis.shape[1]
-    if rounds * dim * n > FLOAT_MAX_ENTRIES:
+    need = rounds * dim * (n + 2 * dim)
+    if need > FLOAT_MAX_ENTRIES:
         raise MultiRoundTooLarge(
-            f"the Kalman path needs R * D * n = {rounds * dim * n} sensitivities "
-            f"(limit FLOAT_MAX_ENTRIES = {FLOAT_MAX_ENTRIES})"
+            f"the Kalman path needs R * D * (n + 2 D) = {need} float64 entries for R = {rounds}, "
+            f"state dimension D = {dim}, n = {n} (limit FLOAT_MAX_ENTRIES = {FLOAT_MAX_ENTRIES})"
         )
     inj = np.eye(n)
     inj[:, observer] = 0.0
@@ -820,5 +884,6 @@ def joint_factors(
     )
     upper = np.clip(np.maximum(upper, diag), 0.0, float(rounds))
     upper = np.where(joint_sup, upper, 0.0)
-    upper[observer] = diag[observer] = per[observer] = float(rounds)
-    return MultiRoundLoss(upper=upper, diag=diag, per_round=per, method=label, q=jac)
+    lower = np.clip(np.maximum(diag, jac.sum(axis=(1, 2))), 0.0, upper)
+    upper[observer] = diag[observer] = per[observer] = lower[observer] = float(rounds)
+    return MultiRoundLoss(upper=upper, diag=diag, per_round=per, method=label, q=jac, lower=lower)

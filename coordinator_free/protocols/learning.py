@@ -54,7 +54,7 @@ class LearningTask:
 
 
 @dataclass(frozen=True)
-class LearningPlan:
+class LearningPlan(mf.GraphRows):
     """Everything public about a learning run, derived deterministically from the config."""
 
     protocol: str
@@ -91,12 +91,6 @@ class LearningPlan:
     def gamma_at(self, t: int) -> float:
         k = t % self.gossip_steps
         return 1.0 if (k == 0 or not self.accelerated) else self.gamma
-
-    def neighbours(self, v: int) -> list[int]:
-        return sorted(self.graph.neighbors(v))
-
-    def row(self, v: int) -> dict[int, float]:
-        return {w: float(self.W[v, w]) for w in sorted([*self.graph.neighbors(v), v])}
 
     def public_params(self) -> dict:
         return {

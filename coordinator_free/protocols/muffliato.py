@@ -28,8 +28,22 @@ from .. import graphs, seeds
 from ..config import Config
 
 
+class GraphRows:
+    """Per-node views of a plan's public graph and gossip matrix (``graph``, ``W``)."""
+
+    graph: nx.Graph
+    W: np.ndarray
+
+    def neighbours(self, v: int) -> list[int]:
+        return sorted(self.graph.neighbors(v))
+
+    def row(self, v: int) -> dict[int, float]:
+        """Node v's gossip weights (itself included), keyed by node id."""
+        return {w: float(self.W[v, w]) for w in sorted([*self.graph.neighbors(v), v])}
+
+
 @dataclass(frozen=True)
-class MuffliatoPlan:
+class MuffliatoPlan(GraphRows):
     """Everything public about a Muffliato run, derived deterministically from the config."""
 
     n: int
@@ -47,13 +61,6 @@ class MuffliatoPlan:
 
     def gamma_at(self, t: int) -> float:
         return 1.0 if (t == 0 or not self.accelerated) else self.gamma
-
-    def neighbours(self, v: int) -> list[int]:
-        return sorted(self.graph.neighbors(v))
-
-    def row(self, v: int) -> dict[int, float]:
-        """Node v's gossip weights (itself included), keyed by node id."""
-        return {w: float(self.W[v, w]) for w in sorted([*self.graph.neighbors(v), v])}
 
     def public_params(self) -> dict:
         return {
