@@ -398,6 +398,8 @@ def _run_central(args, cfg, out: Path) -> int:
     wall = time.monotonic() - t0
     (out / "results").mkdir(exist_ok=True)
     np.save(out / "results" / "central.models.npy", sim.models[:, 0], allow_pickle=False)
+    from .cluster.local import write_jsonl
+
     write_jsonl(out / "metrics.jsonl", sim.metrics)
     final = sim.metrics[-1]
     results = {
@@ -425,12 +427,6 @@ def _run_central(args, cfg, out: Path) -> int:
     else:
         _print_run_summary(summary, audit)
     return 0
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(path)
 
 
 async def _cancel_on_sigterm(coro):

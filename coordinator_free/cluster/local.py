@@ -369,9 +369,7 @@ def collect_learning_results(cfg: Config, out_dir: Path) -> dict:
     if histories:
         stacked = np.stack([histories[v] for v in sorted(histories)], axis=1)  # (R+1, n', dim)
         metrics = [lp.round_metrics(task, r, stacked[r]) for r in range(stacked.shape[0])]
-        tmp = out_dir / "metrics.jsonl.tmp"
-        tmp.write_text("".join(json.dumps(m) + "\n" for m in metrics))
-        tmp.replace(out_dir / "metrics.jsonl")
+        write_jsonl(out_dir / "metrics.jsonl", metrics)
     return {
         "protocol": plan.protocol,
         "rounds": plan.rounds,
@@ -412,3 +410,10 @@ def collect_results(cfg: Config, out_dir: Path) -> dict:
 def models_path(out_dir: Path, v: int) -> Path:
     """Node v's models after every round (learning protocols), written by the peer."""
     return out_dir / "results" / f"node-{v}.models.npy"
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    """One JSON object per line, written to a temporary file and renamed into place."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(path)
