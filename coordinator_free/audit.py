@@ -115,7 +115,7 @@ def plan_factors(plan, method: str, *, sources=None, observers=None) -> np.ndarr
     n_obs = plan.n if observers is None else len(observers)
     n_src = plan.n if sources is None else len(sources)
     R = float(plan.rounds)
-    if plan.protocol == "central-dp" or (plan.protocol == "dsgd" and method == "paper"):
+    if _ldp_for_every_pair(plan, method):
         return np.full((n_obs, n_src), R)
     if method == "exact":
         obs = range(plan.n) if observers is None else observers
@@ -130,6 +130,12 @@ def plan_factors(plan, method: str, *, sources=None, observers=None) -> np.ndarr
         sources=sources,
     )
     return R * acct.ldp_capped(per_round)  # Eq. (13): each round capped at local DP
+
+
+def _ldp_for_every_pair(plan, method: str) -> bool:
+    """Learning protocols whose loss is R-fold local DP for every pair: the curator's released
+    model, and D-SGD's own guarantee (its 'paper' method)."""
+    return plan.protocol == "central-dp" or (plan.protocol == "dsgd" and method == "paper")
 
 
 def _joint(plan, v: int, schedule=None, received=None) -> multiround.MultiRoundLoss:
@@ -508,7 +514,7 @@ def _central_audit(run_dir: Path, plan, observers: list[int] | None) -> dict:
 
 
 def _schedule_factors(plan, steps, v: int, received, method: str, notes: list) -> np.ndarray:
-    """Factors of one averaging run (or one learning round) with a realised schedule."""
+    """Factors of one averaging run with a realised schedule."""
     if method == "paper":
         return acct.paper_factors(steps, v, received)
     try:
@@ -527,13 +533,15 @@ def _schedule_factors(plan, steps, v: int, received, method: str, notes: list) -
 
 
 def _realised_factors(plan, rp: Replay, v: int, method: str, notes: list) -> np.ndarray:
-    """Observer v's factors for the schedule rebuilt from the logs: one run for averaging; for
-    learning, each round on its own (fresh noise), composed over rounds as in plan_factors."""
+    """Observer v's factors for the schedule rebuilt from the logs, as plan_factors computes
+    them fault-free: one run for averaging; for learning the joint view of every round
+    ('exact') or Eq. (13) over the realised rounds ('paper'). (central-dp has no logs: see
+    _central_audit.)"""
     received = sorted(rp.received[v])
     if not isinstance(plan, lp.LearningPlan):
         return _schedule_factors(plan, rp.steps, v, received, method, notes)
     R = plan.rounds
-    if plan.protocol == "central-dp" or (plan.protocol == "dsgd" and method == "paper"):
+    if _ldp_for_every_pair(plan, method):
         return np.full(plan.n, float(R))
     K = plan.gossip_steps
     if method == "exact":

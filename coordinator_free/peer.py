@@ -220,9 +220,10 @@ async def run_peer(
         vlog.write("finished", steps=plan.steps, missed=len(missed), late=late)
         if models:
             # The node's own model after every round: its output, never sent or logged.
-            tmp_models = results_dir / f"node-{node_id}.models.tmp.npy"
+            final_models = lp.models_path(out_dir, node_id)
+            tmp_models = final_models.with_suffix(".tmp.npy")
             np.save(tmp_models, np.stack(models), allow_pickle=False)
-            tmp_models.replace(results_dir / f"node-{node_id}.models.npy")
+            tmp_models.replace(final_models)
         tmp = results_dir / f"node-{node_id}.json.tmp"
         tmp.write_text(json.dumps(result.to_json(), indent=1))
         tmp.replace(results_dir / f"node-{node_id}.json")

@@ -38,6 +38,7 @@ from .. import seeds
 from ..config import Config
 from ..protocols import make_plan
 from ..protocols import muffliato as mf
+from ..protocols.learning import models_path
 
 
 class LaunchError(RuntimeError):
@@ -405,11 +406,6 @@ def collect_results(cfg: Config, out_dir: Path) -> dict:
             }
         )
     return {"true_mean": true_mean.tolist(), "steps": plan.steps, "nodes": nodes}
-
-
-def models_path(out_dir: Path, v: int) -> Path:
-    """Node v's models after every round (learning protocols), written by the peer."""
-    return out_dir / "results" / f"node-{v}.models.npy"
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import networkx as nx
 import numpy as np
@@ -112,6 +113,11 @@ class LearningPlan(mf.GraphRows):
             "alpha": self.alpha,
             "delta": self.delta,
         }
+
+
+def models_path(out_dir: str | Path, v: int) -> Path:
+    """Where node v writes its model after every round (read by the launcher and the tests)."""
+    return Path(out_dir) / "results" / f"node-{v}.models.npy"
 
 
 def auto_gossip_steps(lam: float, n: int, accelerated: bool) -> int:
