@@ -29,6 +29,7 @@ from .privacy import rdp as rdp_mod
 from .protocols import learning as lp
 from .protocols import make_plan
 from .protocols import muffliato as mf
+from .protocols import randomized as rg
 from .viewlog import read_viewlog
 
 METHODS = ("exact", "paper")
@@ -74,7 +75,19 @@ def ldp_baseline(plan) -> dict:
 
 
 def accounting_note(plan) -> str | None:
-    """What the per-pair numbers of a learning protocol mean (shown with plan and audit)."""
+    """What the per-pair numbers of a protocol mean, where they need saying (plan and audit)."""
+    if isinstance(plan, rg.RandomizedPlan):
+        note = (
+            "randomized-gossip: the exchange sequence is public; 'paper' is Corollary 2 (Eq. (6) "
+            "over the exchanges the observer took part in, W_t = I - (e_a - e_b)(e_a - e_b)^T/2, "
+            "not capped), 'exact' the divergence of the observer's whole view"
+        )
+        if plan.n > acct.RATIONAL_MAX_NODES:
+            note += (
+                f"; above {acct.RATIONAL_MAX_NODES} nodes 'exact' is a Krylov upper bound, not "
+                "the exact value"
+            )
+        return note
     if not isinstance(plan, lp.LearningPlan):
         return None
     if plan.protocol == "central-dp":
@@ -103,6 +116,8 @@ def plan_factors(plan, method: str, *, sources=None, observers=None) -> np.ndarr
     units of one Gaussian mechanism's loss (summed over rounds for learning protocols)."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
+    if isinstance(plan, rg.RandomizedPlan):
+        return _randomized_plan_factors(plan, method, sources, observers)
     if not isinstance(plan, lp.LearningPlan):
         return acct.plan_factors(
             plan.W,
@@ -130,6 +145,19 @@ def plan_factors(plan, method: str, *, sources=None, observers=None) -> np.ndarr
         sources=sources,
     )
     return R * acct.ldp_capped(per_round)  # Eq. (13): each round capped at local DP
+
+
+def _randomized_plan_factors(plan, method: str, sources, observers) -> np.ndarray:
+    """Randomized gossip, fault-free: the public exchange sequence, each observer's messages."""
+    steps = rg.schedule_steps(plan)
+    obs = range(plan.n) if observers is None else observers
+    src = slice(None) if sources is None else list(sources)
+    return np.stack(
+        [
+            _schedule_factors(plan, steps, v, rg.fault_free_received(plan, v), method, [])[src]
+            for v in obs
+        ]
+    )
 
 
 def _ldp_for_every_pair(plan, method: str) -> bool:
@@ -169,7 +197,17 @@ def plan_report(cfg: config_mod.Config, *, source: int | None, method: str) -> d
     }
     if isinstance(plan, lp.LearningPlan):
         base.update(rounds=plan.rounds, gossip_steps=plan.gossip_steps)
-        base["accounting"] = accounting_note(plan)
+    if isinstance(plan, rg.RandomizedPlan):
+        tv = plan.exchange_counts()
+        base.update(
+            clock_rate=plan.rate,
+            exchanges_per_node={"min": int(tv.min()), "mean": float(tv.mean()), "max": int(tv.max())},
+            # Corollary 2's mean bound: (1/n) sum_u f(u, v) <= LDP * T_v / n, for the busiest v.
+            cor2_mean_factor_max=float(tv.max()) / plan.n,
+        )
+    note = accounting_note(plan)
+    if note:
+        base["accounting"] = note
     if source is not None:
         if not 0 <= source < plan.n:
             raise AuditError(f"--source {source} is not a node id (0..{plan.n - 1})")
@@ -299,12 +337,16 @@ def replay(run_dir: Path, plan: mf.MuffliatoPlan) -> Replay:
         per_step: dict[int, set[int]] = defaultdict(set)
         seen: set[tuple[int, int]] = set()
         finished = False
-        nbrs = set(plan.neighbours(v))
         for r in vl.records:
             k = r.get("k")
             if k in ("recv", "late", "send"):
                 t, w = r.get("step"), r.get("peer")
-                if not (isinstance(t, int) and isinstance(w, int) and 0 <= t < T and w in nbrs):
+                if not (
+                    isinstance(t, int)
+                    and isinstance(w, int)
+                    and 0 <= t < T
+                    and w in plan.partners_at(v, t)
+                ):
                     integrity.append(
                         {
                             "node": v,
@@ -358,21 +400,31 @@ def replay(run_dir: Path, plan: mf.MuffliatoPlan) -> Replay:
     # Any missing, damaged or unfinished log means the schedule is not fully known: never
     # treat such a run as fault-free.
     fault_free = len(logged) == n and not integrity
+    # Steps whose realised rows are the same share one matrix (a fault-free fixed-W run holds
+    # one n x n matrix, not T of them).
+    shared: dict[tuple, np.ndarray] = {}
     for t in range(T):
-        M = np.zeros((n, n))
+        rows = []
         for v in range(n):
-            row = plan.row(v)
+            row = plan.row_at(v, t)
             if v in got:
                 used = {w for w in got[v].get(t, set()) if w in row}
             else:
                 used = set(row) - {v}  # no log: assume it used every neighbour
             if used != set(row) - {v}:
                 fault_free = False
-            for w, wt in mf.realised_row(row, v, used).items():
-                M[v, w] = wt
+            rows.append(tuple(mf.realised_row(row, v, used).items()))
+        key = tuple(rows)
+        M = shared.get(key)
+        if M is None:
+            M = np.zeros((n, n))
+            for v, r in enumerate(rows):
+                for w, wt in r:
+                    M[v, w] = wt
+            shared[key] = M
         steps.append((M, plan.gamma_at(t)))
     for v in logged:
-        full = {(t, w) for t in range(T) for w in plan.neighbours(v)}
+        full = {(t, w) for t in range(T) for w in plan.partners_at(v, t)}
         if received[v] != full:
             fault_free = False
     return Replay(

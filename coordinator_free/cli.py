@@ -204,6 +204,13 @@ def _print_plan(rep: dict) -> None:
             f"protocol={rep['protocol']}  rounds={rep['rounds']}  gossip steps per round="
             f"{rep['gossip_steps']}  sigma={rep['sigma']:g}  sensitivity={rep['sensitivity']:g}"
         )
+    if "exchanges_per_node" in rep:
+        x = rep["exchanges_per_node"]
+        print(
+            f"protocol={rep['protocol']}  clock rate={rep['clock_rate']:.4g} exchanges per clock "
+            f"unit  exchanges per node: min {x['min']}, mean {x['mean']:.1f}, max {x['max']}  "
+            f"Corollary 2 mean bound: factor <= {_fmt(rep['cor2_mean_factor_max'])}"
+        )
     print(f"LDP baseline: rdp={_fmt(rep['ldp']['rdp'])}  eps={_fmt(rep['ldp']['eps'])}")
     if rep.get("accounting"):
         print(f"accounting: {rep['accounting']}")
@@ -365,6 +372,12 @@ def cmd_run(args) -> int:
 
 def _run_banner(cfg, plan) -> str:
     acc = " (Chebyshev)" if plan.accelerated else ""
+    if cfg.protocol.name == "randomized-gossip":
+        pace = f"{plan.tick:g} s per clock unit" if plan.tick else "as fast as the network allows"
+        return (
+            f"starting {plan.n} peers: randomized-gossip on {cfg.graph.kind}, {plan.steps} "
+            f"pairwise exchanges on Poisson clocks ({pace}), sigma={plan.sigma}"
+        )
     if not cfg.learning:
         return (
             f"starting {plan.n} peers: {cfg.protocol.name} on {cfg.graph.kind}, "

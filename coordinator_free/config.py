@@ -20,7 +20,7 @@ from .graphs import GRAPH_KINDS, WEIGHT_SCHEMES
 from .learning.datasets import DATASET_KINDS  # numpy only; scikit-learn is imported on use
 
 #: Private averaging (one noisy value per node, then gossip).
-AVERAGING_PROTOCOLS = ("muffliato",)
+AVERAGING_PROTOCOLS = ("muffliato", "randomized-gossip")
 #: Private learning from per-node data shards (docs/config.md, docs/learning.md).
 LEARNING_PROTOCOLS = ("muffliato-gd", "muffliato-sgd", "dsgd", "central-dp")
 PROTOCOLS = AVERAGING_PROTOCOLS + LEARNING_PROTOCOLS
@@ -62,6 +62,8 @@ class ProtocolSection:
     steps: int | str = "auto"
     accelerated: bool = True
     spread: float = 0.25
+    # randomized-gossip: seconds of wall time per unit of the nodes' Poisson clocks.
+    tick: float = 0.0
     # Learning protocols (muffliato-gd/sgd, dsgd, central-dp).
     rounds: int = 20
     gossip_steps: int | str = "auto"
@@ -404,6 +406,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"{s}: protocol.steps must be in 1..100000, got {pr.steps}")
     if not pr.spread >= 0:
         raise ConfigError(f"{s}: protocol.spread must be >= 0")
+    if not 0 <= pr.tick <= 3600:
+        raise ConfigError(
+            f"{s}: protocol.tick must be in [0, 3600] seconds per clock unit, got {pr.tick}"
+        )
     d = cfg.data
     if d.kind not in DATA_KINDS:
         raise ConfigError(

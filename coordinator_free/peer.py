@@ -36,6 +36,7 @@ from .net.transport import Inbound, PeerDown, PeerNet, PeerUp
 from .net.wire import Message
 from .protocols import make_plan
 from .protocols import muffliato as mf
+from .protocols import randomized as rg
 from .viewlog import ViewLogWriter
 
 log = logging.getLogger("coordinator_free.peer")
@@ -166,7 +167,15 @@ async def run_peer(
         # The node's value, noise and minibatches come from streams seeded by its own private
         # key: nobody else can recompute them, whatever they know of the config.
         own = seeds.NodeSecretStreams(key, roster.run_id_bytes, node_id)
-        engine = _StepEngine(net, vlog, neighbours, plan.steps, deadline, cfg.log.values)
+        engine = _StepEngine(
+            net,
+            vlog,
+            neighbours,
+            plan.steps,
+            deadline,
+            cfg.log.values,
+            partners_at=lambda t: plan.partners_at(node_id, t),
+        )
 
         async def gossip(t0: int, count: int, current: np.ndarray) -> np.ndarray:
             """``count`` synchronous gossip steps from global step ``t0``."""
@@ -180,6 +189,34 @@ async def run_peer(
                 if progress.reader_gone:
                     vlog.write("aborted", step=t + 1, reason="the launcher went away")
                     raise PeerFailure(f"the launcher went away (after step {t + 1}); stopping")
+            return current
+
+        async def pairwise(current: np.ndarray, t0: float) -> np.ndarray:
+            """Randomized gossip: this node's exchanges in clock order, each at its clock time
+            (``tick`` seconds per clock unit after ``t0``); a late partner is waited for (up to
+            the deadline), never overtaken."""
+            mine = plan.exchanges_of(node_id)
+            for e in mine:
+                wait = t0 + e.time * plan.tick - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                got = await engine.exchange(e.t, current)
+                current = rg.exchange_update(plan, node_id, e.t, current, got)
+                partner = e.partner(node_id)
+                vlog.write(
+                    "exchange",
+                    step=e.t,
+                    peer=partner,
+                    initiator=e.initiator,
+                    clock=e.time,
+                    averaged=partner in got,
+                )
+                # Progress in global exchange numbers: this node is done up to exchange t.
+                progress.emit(event="step", node=node_id, step=e.t + 1, of=plan.steps)
+                if progress.reader_gone:
+                    vlog.write("aborted", step=e.t + 1, reason="the launcher went away")
+                    raise PeerFailure(f"the launcher went away (at exchange {e.t}); stopping")
+            progress.emit(event="step", node=node_id, step=plan.steps, of=plan.steps)
             return current
 
         t_run = time.monotonic()
@@ -200,7 +237,10 @@ async def run_peer(
             x = mf.private_value(cfg, node_id, own)
             start = mf.initial_value(x, mf.local_noise(cfg, node_id, own))
             del x  # the raw input is never needed again
-            current = await gossip(0, plan.steps, start)
+            if isinstance(plan, rg.RandomizedPlan):
+                current = await pairwise(start, t_run)
+            else:
+                current = await gossip(0, plan.steps, start)
         run_s = time.monotonic() - t_run
         await engine.finish()
         missed, late = engine.missed, engine.late
@@ -247,9 +287,12 @@ class _StepEngine:
     * Every value received is logged, used or not: the auditor counts what the node saw.
     """
 
-    def __init__(self, net, vlog, neighbours, steps, deadline, log_values):
+    def __init__(self, net, vlog, neighbours, steps, deadline, log_values, partners_at=None):
         self.net, self.vlog = net, vlog
         self.neighbours = list(neighbours)
+        # Whom the node exchanges with at step t: every neighbour (synchronous gossip) or the
+        # partner of its exchange (randomized gossip).
+        self.partners_at = partners_at or (lambda t: self.neighbours)
         self.steps, self.deadline, self.log_values = steps, deadline, log_values
         self.down: dict[int, float] = {}  # peer -> monotonic time its channel went down
         self.finished: set[int] = set()  # neighbours that said "done"
@@ -284,13 +327,16 @@ class _StepEngine:
         return since is None or now - since < DOWN_GRACE_DEADLINES * self.deadline
 
     async def exchange(self, t: int, current: np.ndarray) -> dict[int, np.ndarray]:
-        live = [w for w in self.neighbours if w not in self.down and w not in self.finished]
+        """Send ``current`` to step t's partners and collect their step-t values until the
+        deadline."""
+        partners = self.partners_at(t)
+        live = [w for w in partners if w not in self.down and w not in self.finished]
         await asyncio.gather(*(self._send(w, t, current) for w in live))
-        got = {w: self.buffered.pop((t, w)) for w in self.neighbours if (t, w) in self.buffered}
+        got = {w: self.buffered.pop((t, w)) for w in partners if (t, w) in self.buffered}
         step_deadline = time.monotonic() + self.deadline
         while True:
             now = time.monotonic()
-            if not any(w not in got and self._waitable(w, now) for w in self.neighbours):
+            if not any(w not in got and self._waitable(w, now) for w in partners):
                 break
             if now >= step_deadline:
                 break
@@ -302,10 +348,11 @@ class _StepEngine:
             elif isinstance(ev, PeerUp):
                 if self.down.pop(ev.peer, None) is not None:
                     self.vlog.write("peer-up", step=t, peer=ev.peer)
-                    await self._send(ev.peer, t, current)
+                    if ev.peer in partners:
+                        await self._send(ev.peer, t, current)
             elif isinstance(ev, Inbound):
                 self._inbound(t, ev.peer, ev.message, current.shape, got)
-        for w in self.neighbours:
+        for w in partners:
             if w not in got:
                 if w in self.finished:
                     reason = "finished"
@@ -326,8 +373,10 @@ class _StepEngine:
             self.vlog.write("bad-message", step=t, peer=peer, kind=m.kind)
             return
         value = np.array(m.payload, dtype=np.float64)  # own copy, writable
-        if m.step >= self.steps:
+        if not 0 <= m.step < self.steps:
             self.vlog.write("bad-message", step=t, peer=peer, kind="beyond-last-step", at=m.step)
+        elif peer not in self.partners_at(m.step):
+            self.vlog.write("bad-message", step=t, peer=peer, kind="not-a-partner", at=m.step)
         elif m.step < t:
             self.late += 1
             self._log_value("late", m.step, peer, value, now=t)
@@ -365,7 +414,12 @@ class _StepEngine:
                 m = ev.message
                 if m.kind == "done":
                     pending.discard(ev.peer)
-                elif m.kind == "value" and m.payload is not None and m.step < self.steps:
+                elif (
+                    m.kind == "value"
+                    and m.payload is not None
+                    and 0 <= m.step < self.steps
+                    and ev.peer in self.partners_at(m.step)
+                ):
                     self.late += 1
                     self._log_value("late", m.step, ev.peer, np.array(m.payload), now=self.steps)
 

@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 PURPOSE_DATA = 1
 PURPOSE_NOISE = 2
 PURPOSE_BATCH = 3  # minibatch sampling of the learning protocols
+PURPOSE_CLOCK = 4  # randomized gossip: the nodes' Poisson clocks (public streams of the run seed)
 
 _INFO = b"coordinator-free/v1 node stream"
 

@@ -13,12 +13,14 @@ import numpy as np
 
 from . import seeds
 from .config import Config
+from .protocols import make_plan
 from .protocols import muffliato as mf
+from .protocols import randomized as rg
 
 
 @dataclass
 class SimResult:
-    plan: mf.MuffliatoPlan
+    plan: mf.MuffliatoPlan | rg.RandomizedPlan
     inputs: np.ndarray  # (n, D) private values
     finals: np.ndarray  # (n, D) x^T
     history_mse: list[float]  # mean squared error to the true mean after each step (0..T)
@@ -40,27 +42,34 @@ def _gossip_step(rows, current, previous, gamma_t: float) -> list[np.ndarray]:
 
 
 def simulate(
-    cfg: Config, plan: mf.MuffliatoPlan | None = None, streams: seeds.Streams | None = None
+    cfg: Config, plan: mf.MuffliatoPlan | rg.RandomizedPlan | None = None, streams: seeds.Streams | None = None
 ) -> SimResult:
     """Simulate a fault-free run. ``streams``: where values and noise come from; by default the
     public run seed (pure simulation), or a run's node streams to reproduce that run exactly
     (:func:`seeds.streams_of_run`)."""
-    plan = plan if plan is not None else mf.make_plan(cfg)
+    plan = plan if plan is not None else make_plan(cfg)
     streams = streams if streams is not None else seeds.PublicSeedStreams(cfg.run.seed)
     n = plan.n
     inputs = np.stack([mf.private_value(cfg, v, streams) for v in range(n)])
     current = [mf.initial_value(inputs[v], mf.local_noise(cfg, v, streams)) for v in range(n)]
+    true_mean = inputs.mean(axis=0)
+    sq = [float(np.sum((x - true_mean) ** 2)) for x in current]
+    history = [float(np.mean(sq))]
+    if isinstance(plan, rg.RandomizedPlan):
+        # One exchange at a time, in clock order: only the pair's values change.
+        for e in plan.edges:
+            xa, xb = current[e.a], current[e.b]
+            current[e.a] = rg.exchange_update(plan, e.a, e.t, xa, {e.b: xb})
+            current[e.b] = rg.exchange_update(plan, e.b, e.t, xb, {e.a: xa})
+            for v in (e.a, e.b):
+                sq[v] = float(np.sum((current[v] - true_mean) ** 2))
+            history.append(float(np.mean(sq)))
+        return SimResult(plan=plan, inputs=inputs, finals=np.stack(current), history_mse=history)
     previous: list[np.ndarray | None] = [None] * n
     rows = [plan.row(v) for v in range(n)]
-    true_mean = inputs.mean(axis=0)
-
-    def mse(vals) -> float:
-        return float(np.mean([np.sum((x - true_mean) ** 2) for x in vals]))
-
-    history = [mse(current)]
     for t in range(plan.steps):
         previous, current = current, _gossip_step(rows, current, previous, plan.gamma_at(t))
-        history.append(mse(current))
+        history.append(float(np.mean([np.sum((x - true_mean) ** 2) for x in current])))
     return SimResult(plan=plan, inputs=inputs, finals=np.stack(current), history_mse=history)
 
 

@@ -293,14 +293,23 @@ def realised_coefficients(steps: Sequence[Step]) -> np.ndarray:
     rows are fine for Eq. (6) but must not be orthogonalised directly (see module doc).
     """
     ms, gs, n = _check_steps(steps)
-    T = len(ms)
-    c = np.empty((T, n, n))
-    c[0] = np.eye(n)
-    if T > 1:
-        c[1] = ms[0]
-    for t in range(1, T - 1):
-        c[t + 1] = gs[t] * (ms[t] @ c[t]) + (1.0 - gs[t]) * c[t - 1]
+    c = np.empty((len(ms), n, n))
+    for t, ct in enumerate(_coefficients(ms, gs, n, len(ms) - 1)):
+        c[t] = ct
     return c
+
+
+def _coefficients(ms: list[np.ndarray], gs: list[float], n: int, last: int):
+    """Yield ``C_0 .. C_last`` one at a time (two n x n arrays alive, not T)."""
+    prev, cur = None, np.eye(n)
+    for t in range(last + 1):
+        yield cur
+        if t == last:
+            return
+        nxt = ms[t] @ cur
+        if t >= 1 and gs[t] != 1.0:
+            nxt = gs[t] * nxt + (1.0 - gs[t]) * prev
+        prev, cur = cur, nxt
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,15 +325,18 @@ def paper_factors(
     Raw (not capped at 1, so it can exceed the LDP loss; ``f.sum()`` equals the number of
     observed messages). Entry ``observer`` is the same raw sum; it is not a loss of anyone.
     """
-    ms, _, n = _check_steps(steps)
+    ms, gs, n = _check_steps(steps)
     rec = _check_received(received, observer, n, len(ms))
     out = np.zeros(n)
     if not rec:
         return out
-    c = realised_coefficients(steps)
+    by_t: dict[int, list[int]] = {}
     for t, x in rec:
-        row = c[t, x]
-        out += row * row / float(row @ row)
+        by_t.setdefault(t, []).append(x)
+    for t, c in enumerate(_coefficients(ms, gs, n, max(by_t))):
+        for x in by_t.get(t, []):
+            row = c[x]
+            out += row * row / float(row @ row)
     return out
 
 

@@ -6,11 +6,16 @@ from ..config import Config
 
 
 def make_plan(cfg: Config):
-    """The public plan of a run: a MuffliatoPlan (averaging) or a LearningPlan (learning)."""
+    """The public plan of a run: a MuffliatoPlan or RandomizedPlan (averaging) or a
+    LearningPlan (learning)."""
     if cfg.learning:
         from .learning import make_plan as learning_plan
 
         return learning_plan(cfg)
+    if cfg.protocol.name == "randomized-gossip":
+        from .randomized import make_plan as randomized_plan
+
+        return randomized_plan(cfg)
     from .muffliato import make_plan as averaging_plan
 
     return averaging_plan(cfg)

@@ -41,6 +41,14 @@ class GraphRows:
         """Node v's gossip weights (itself included), keyed by node id."""
         return {w: float(self.W[v, w]) for w in sorted([*self.graph.neighbors(v), v])}
 
+    def partners_at(self, v: int, t: int) -> list[int]:
+        """Whom v exchanges values with at step t (every neighbour, every step)."""
+        return self.neighbours(v)
+
+    def row_at(self, v: int, t: int) -> dict[int, float]:
+        """Node v's weights at step t (the same row every step)."""
+        return self.row(v)
+
 
 @dataclass(frozen=True)
 class MuffliatoPlan(GraphRows):
