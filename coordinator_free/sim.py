@@ -42,11 +42,19 @@ def _gossip_step(rows, current, previous, gamma_t: float) -> list[np.ndarray]:
 
 
 def simulate(
-    cfg: Config, plan: mf.MuffliatoPlan | rg.RandomizedPlan | None = None, streams: seeds.Streams | None = None
+    cfg: Config,
+    plan: mf.MuffliatoPlan | rg.RandomizedPlan | None = None,
+    streams: seeds.Streams | None = None,
+    *,
+    used=None,
 ) -> SimResult:
     """Simulate a fault-free run. ``streams``: where values and noise come from; by default the
     public run seed (pure simulation), or a run's node streams to reproduce that run exactly
-    (:func:`seeds.streams_of_run`)."""
+    (:func:`seeds.streams_of_run`).
+
+    ``used(t, v) -> bool`` (randomized gossip only): whether node v averaged with its partner's
+    value at exchange t; replaying a realised schedule from the logs with it reproduces a faulty
+    run's values (default: every exchange completed)."""
     plan = plan if plan is not None else make_plan(cfg)
     streams = streams if streams is not None else seeds.PublicSeedStreams(cfg.run.seed)
     n = plan.n
@@ -59,12 +67,16 @@ def simulate(
         # One exchange at a time, in clock order: only the pair's values change.
         for e in plan.edges:
             xa, xb = current[e.a], current[e.b]
-            current[e.a] = rg.exchange_update(plan, e.a, e.t, xa, {e.b: xb})
-            current[e.b] = rg.exchange_update(plan, e.b, e.t, xb, {e.a: xa})
+            if used is None or used(e.t, e.a):
+                current[e.a] = rg.exchange_update(plan, e.a, e.t, xa, {e.b: xb})
+            if used is None or used(e.t, e.b):
+                current[e.b] = rg.exchange_update(plan, e.b, e.t, xb, {e.a: xa})
             for v in (e.a, e.b):
                 sq[v] = float(np.sum((current[v] - true_mean) ** 2))
             history.append(float(np.mean(sq)))
         return SimResult(plan=plan, inputs=inputs, finals=np.stack(current), history_mse=history)
+    if used is not None:
+        raise ValueError("used= replays a randomized-gossip schedule; this plan is synchronous")
     previous: list[np.ndarray | None] = [None] * n
     rows = [plan.row(v) for v in range(n)]
     for t in range(plan.steps):
