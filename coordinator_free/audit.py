@@ -100,6 +100,12 @@ def accounting_note(plan) -> str | None:
         "a certified upper bound over the worst per-round change of the source's gradient), "
         "which counts a gradient travelling on through the models in later rounds"
     )
+    if plan.time_varying:
+        exact += (
+            "; a fresh graph every round from a public seed, so the rounds' graphs are known to "
+            "every observer and both methods use each round's own W_r (distances are in the "
+            "union of the rounds' graphs)"
+        )
     if plan.protocol == "dsgd":
         return "dsgd: 'paper' is the baseline's own guarantee, R-fold local DP; " + exact
     return (
@@ -135,16 +141,44 @@ def plan_factors(plan, method: str, *, sources=None, observers=None) -> np.ndarr
     if method == "exact":
         obs = range(plan.n) if observers is None else observers
         src = slice(None) if sources is None else list(sources)
-        return np.stack([_joint(plan, v).upper[src] for v in obs])
-    per_round = acct.plan_factors(
-        plan.W,
-        plan.gossip_steps,
-        plan.accelerated,
-        method=method,
-        observers=observers,
-        sources=sources,
-    )
-    return R * acct.ldp_capped(per_round)  # Eq. (13): each round capped at local DP
+        return np.stack([_plan_joint(plan, v)[src] for v in obs])
+
+    def one_round(w: np.ndarray) -> np.ndarray:
+        return acct.ldp_capped(  # Eq. (13): each round capped at local DP
+            acct.plan_factors(
+                w,
+                plan.gossip_steps,
+                plan.accelerated,
+                method=method,
+                observers=observers,
+                sources=sources,
+                gamma=plan.gamma if plan.accelerated else None,
+            )
+        )
+
+    if plan.time_varying:  # Eq. (13) with round r's own W_r
+        return sum(one_round(plan.round_matrix(r)) for r in range(plan.rounds))
+    return R * one_round(plan.W)
+
+
+def _plan_joint(plan, v: int) -> np.ndarray:
+    """The joint 'exact' factors of observer v for the fault-free schedule (time-varying
+    graphs: every round's own W_r and neighbours; R-fold local DP, a valid bound, where the
+    joint computation is out of reach)."""
+    if not plan.time_varying:
+        return _joint(plan, v).upper
+    K = plan.gossip_steps
+    schedule = [
+        [(plan.round_matrix(r), plan.gamma_at(r * K + k)) for k in range(K)]
+        for r in range(plan.rounds)
+    ]
+    rec = [
+        (r, k, w) for r in range(plan.rounds) for k in range(K) for w in plan.partners_at(v, r * K)
+    ]
+    try:
+        return _joint(plan, v, schedule, rec).upper
+    except (multiround.MultiRoundTooLarge, acct.NumericalRankError):
+        return np.full(plan.n, float(plan.rounds))
 
 
 def _randomized_plan_factors(plan, method: str, sources, observers) -> np.ndarray:

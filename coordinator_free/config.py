@@ -29,6 +29,8 @@ DEFAULT_CONFIG = Path(__file__).parent / "examples" / "muffliato-ring.toml"
 VALUE_KINDS = ("uniform", "gaussian", "bernoulli")
 DATA_KINDS = VALUE_KINDS + DATASET_KINDS
 PARTITIONS = ("iid", "dirichlet", "fixed")
+#: Graph kinds that graph.resample can draw afresh every round.
+RESAMPLE_KINDS = ("erdos_renyi", "geometric")
 MODEL_KINDS = ("auto", "logistic", "multinomial", "least-squares", "ridge")
 
 
@@ -53,6 +55,8 @@ class GraphSection:
     radius: float | None = None
     path: str | None = None
     seed: int = 0
+    # Learning protocols: a fresh random graph (erdos_renyi, geometric) every round.
+    resample: bool = False
 
 
 @dataclass(frozen=True)
@@ -388,6 +392,11 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{s}: graph.nodes {g.nodes} is above the limit {MAX_NODES}")
     if g.kind == "grid" and g.rows * g.cols > MAX_NODES:
         raise ConfigError(f"{s}: a {g.rows}x{g.cols} grid is above the limit of {MAX_NODES} nodes")
+    if g.resample and g.kind not in RESAMPLE_KINDS:
+        raise ConfigError(
+            f"{s}: graph.resample draws a fresh random graph every round: graph.kind must be "
+            f"one of {', '.join(RESAMPLE_KINDS)}, got {g.kind!r}"
+        )
     pr = cfg.protocol
     if pr.name not in PROTOCOLS:
         raise ConfigError(
@@ -456,6 +465,11 @@ def validate(cfg: Config) -> None:
     if cfg.learning:
         _validate_learning(cfg)
         return
+    if g.resample:
+        raise ConfigError(
+            f"{s}: graph.resample draws a fresh graph every round of a learning protocol "
+            f"({', '.join(LEARNING_PROTOCOLS)}); protocol {pr.name!r} has no rounds"
+        )
     if d.kind not in VALUE_KINDS:
         raise ConfigError(
             f"{s}: protocol {pr.name!r} averages one private value per node: data.kind must be "

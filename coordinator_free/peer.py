@@ -182,7 +182,7 @@ async def run_peer(
             previous: np.ndarray | None = None
             for t in range(t0, t0 + count):
                 got = await engine.exchange(t, current)
-                terms = mf.step_terms(row, node_id, current, got)
+                terms = mf.step_terms(plan.row_at(node_id, t), node_id, current, got)
                 nxt = mf.gossip_update(terms, plan.gamma_at(t), previous)
                 previous, current = current, nxt
                 progress.emit(event="step", node=node_id, step=t + 1, of=plan.steps)

@@ -113,10 +113,10 @@ def simulate_learning(cfg: Config, streams: seeds.Streams | None = None) -> Lear
             history.append(theta[None, :])
     else:
         n = plan.n
-        rows = [plan.row(v) for v in range(n)]
         thetas = [task.model.init() for _ in range(n)]
         history = [np.stack(thetas)]
         for r in range(plan.rounds):
+            rows = [plan.row_at(v, r * plan.gossip_steps) for v in range(n)]
             current = [lp.local_step(plan, task, v, r, thetas[v], streams) for v in range(n)]
             previous: list[np.ndarray | None] = [None] * n
             for k in range(plan.gossip_steps):

@@ -27,6 +27,7 @@ the auditor all use that index, so round r's messages are steps ``rK .. rK + K -
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +77,33 @@ class LearningPlan(mf.GraphRows):
     sensitivity: float
     alpha: float
     delta: float
+    # Time-varying graphs (graph.resample): round r's graph and gossip matrix. ``graph`` is then
+    # the union of the rounds' graphs (every pair that ever talks) and ``W`` round 0's matrix.
+    round_graphs: tuple[nx.Graph, ...] = ()
+    round_W: tuple[np.ndarray, ...] = ()
+
+    @property
+    def time_varying(self) -> bool:
+        return bool(self.round_graphs)
+
+    def row(self, v: int) -> dict[int, float]:
+        """Node v's gossip weights (round 0's with time-varying graphs)."""
+        return self.row_at(v, 0) if self.time_varying else super().row(v)
+
+    def partners_at(self, v: int, t: int) -> list[int]:
+        if not self.time_varying:
+            return self.neighbours(v)
+        return sorted(self.round_graphs[t // self.gossip_steps].neighbors(v))
+
+    def row_at(self, v: int, t: int) -> dict[int, float]:
+        if not self.time_varying:
+            return self.row(v)
+        r = t // self.gossip_steps
+        g, w = self.round_graphs[r], self.round_W[r]
+        return {x: float(w[v, x]) for x in sorted([*g.neighbors(v), v])}
+
+    def round_matrix(self, r: int) -> np.ndarray:
+        return self.round_W[r] if self.time_varying else self.W
 
     @property
     def steps(self) -> int:
@@ -112,7 +140,34 @@ class LearningPlan(mf.GraphRows):
             "sensitivity": self.sensitivity,
             "alpha": self.alpha,
             "delta": self.delta,
+            "resample": self.time_varying,
+            "graphs": graphs_digest(self.round_graphs) if self.time_varying else None,
         }
+
+
+def graphs_digest(gs) -> str:
+    """A short fingerprint of the rounds' edge lists (logged, checked by the auditor)."""
+    h = hashlib.sha256()
+    for g in gs:
+        h.update(repr(sorted(g.edges())).encode() + b";")
+    return h.hexdigest()[:32]
+
+
+def round_graph_seed(graph_seed: int, r: int) -> int:
+    """The public seed of round r's graph."""
+    ss = np.random.SeedSequence([graph_seed, 0x726F756E64, r])
+    return int(ss.generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+def round_graphs(cfg: Config, rounds: int) -> list[nx.Graph]:
+    """A fresh random graph per round from the public per-round seed (graph.resample)."""
+    g = cfg.graph
+    return [
+        graphs.build_graph(
+            g.kind, nodes=g.nodes, p=g.p, radius=g.radius, seed=round_graph_seed(g.seed, r)
+        )
+        for r in range(rounds)
+    ]
 
 
 def models_path(out_dir: str | Path, v: int) -> Path:
@@ -176,11 +231,22 @@ def make_task(cfg: Config, n: int | None = None) -> LearningTask:
 
 
 def make_plan(cfg: Config, graph: nx.Graph | None = None) -> LearningPlan:
-    g = graph if graph is not None else mf.build_graph_from_config(cfg)
-    n = g.number_of_nodes()
-    W = graphs.gossip_matrix(g, cfg.protocol.weights)
-    lam = graphs.spectral_gap(W)
     pr = cfg.protocol
+    per_round: list[nx.Graph] = []
+    per_round_w: list[np.ndarray] = []
+    if cfg.graph.resample and pr.name != "central-dp":
+        # A fresh graph every round; the gap used for K and gamma is the smallest one (the
+        # lower bound lambda of the paper's time-varying analysis, App. F).
+        per_round = round_graphs(cfg, pr.rounds)
+        per_round_w = [graphs.gossip_matrix(x, pr.weights) for x in per_round]
+        g = nx.compose_all(per_round)
+        W = per_round_w[0]
+        lam = min(graphs.spectral_gap(x) for x in per_round_w)
+    else:
+        g = graph if graph is not None else mf.build_graph_from_config(cfg)
+        W = graphs.gossip_matrix(g, pr.weights)
+        lam = graphs.spectral_gap(W)
+    n = g.number_of_nodes()
     if pr.name == "dsgd":
         accelerated, K = False, 1
     elif pr.name == "central-dp":
@@ -220,6 +286,8 @@ def make_plan(cfg: Config, graph: nx.Graph | None = None) -> LearningPlan:
         sensitivity=cfg.sensitivity,
         alpha=cfg.privacy.alpha,
         delta=cfg.privacy.delta,
+        round_graphs=tuple(per_round),
+        round_W=tuple(per_round_w),
     )
 
 
