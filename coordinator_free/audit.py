@@ -235,13 +235,19 @@ def plan_report(cfg: config_mod.Config, *, source: int | None, method: str) -> d
         tv = plan.exchange_counts()
         base.update(
             clock_rate=plan.rate,
-            exchanges_per_node={"min": int(tv.min()), "mean": float(tv.mean()), "max": int(tv.max())},
+            exchanges_per_node={
+                "min": int(tv.min()),
+                "mean": float(tv.mean()),
+                "max": int(tv.max()),
+            },
             # Corollary 2's mean bound: (1/n) sum_u f(u, v) <= LDP * T_v / n, for the busiest v.
             cor2_mean_factor_max=float(tv.max()) / plan.n,
         )
     note = accounting_note(plan)
     if note:
         base["accounting"] = note
+    if isinstance(plan, lp.LearningPlan) and plan.time_varying:
+        base["private_graph_bound"] = private_graph_report(plan, u)
     if source is not None:
         if not 0 <= source < plan.n:
             raise AuditError(f"--source {source} is not a node id (0..{plan.n - 1})")
@@ -256,6 +262,44 @@ def plan_report(cfg: config_mod.Config, *, source: int | None, method: str) -> d
         return {**base, "source": source, "losses": losses}
     F = plan_factors(plan, method)  # F[v, u], all pairs
     return {**base, "source": None, **summarise(plan, F, u)}
+
+
+def private_graph_factors(plan) -> np.ndarray:
+    """Theorem 4/9 of the Muffliato paper per round, summed over rounds (its Proposition 1 for a
+    single observer): ``F[v, u] = sum_r min(1, 1 if u ~_r v else 2 K d_v^r / (n - d_v^r))`` in
+    units of the local-DP loss, d_v^r = v's degree in round r's graph. Valid only for a graph
+    that is secret (each node knows only its own neighbours) and when
+    ``sigma^2 >= Delta^2 alpha (alpha - 1) / 2``; with graph.resample the rounds' graphs come
+    from a public seed, so this is the paper's comparison point, not a guarantee of the run."""
+    n, K = plan.n, plan.gossip_steps
+    out = np.zeros((n, n))
+    for g in plan.round_graphs:
+        adj = nx_adjacency(g, n)
+        deg = adj.sum(axis=1)
+        far = np.minimum(1.0, 2.0 * K * deg / np.maximum(n - deg, 1))
+        out += np.where(adj, 1.0, far[:, None])
+    np.fill_diagonal(out, float(plan.rounds))
+    return out
+
+
+def nx_adjacency(g, n: int) -> np.ndarray:
+    a = np.zeros((n, n), dtype=bool)
+    for x, y in g.edges():
+        a[x, y] = a[y, x] = True
+    return a
+
+
+def private_graph_report(plan, u: Units) -> dict:
+    F = private_graph_factors(plan)
+    s = summarise(plan, F, u)
+    cond = plan.sigma**2 >= plan.sensitivity**2 * plan.alpha * (plan.alpha - 1) / 2
+    return {
+        "note": "Theorem 4/9 (private Erdős–Rényi graph) per round, summed: valid only for "
+        "secret graphs, and these are drawn from a public seed",
+        "condition_holds": bool(cond),
+        "worst_pair": s["worst_pair"],
+        "mean_over_pairs": s["mean_over_pairs"],
+    }
 
 
 def summarise(plan: mf.MuffliatoPlan, F: np.ndarray, u: Units) -> dict:

@@ -214,6 +214,17 @@ def _print_plan(rep: dict) -> None:
     print(f"LDP baseline: rdp={_fmt(rep['ldp']['rdp'])}  eps={_fmt(rep['ldp']['eps'])}")
     if rep.get("accounting"):
         print(f"accounting: {rep['accounting']}")
+    if rep.get("private_graph_bound"):
+        pg = rep["private_graph_bound"]
+        print(
+            f"for comparison, {pg['note']}: worst pair eps={_fmt(pg['worst_pair']['eps'])}, "
+            f"mean over pairs eps={_fmt(pg['mean_over_pairs']['eps'])}"
+            + (
+                ""
+                if pg["condition_holds"]
+                else " (its condition sigma^2 >= Delta^2 a(a-1)/2 fails)"
+            )
+        )
     if rep.get("source") is not None:
         rows = [
             [

@@ -12,13 +12,12 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
+from netrun import cfree_run_json
 
 from coordinator_free import audit, config, graphs, seeds, sim
 from coordinator_free.cluster import local
@@ -26,7 +25,6 @@ from coordinator_free.privacy import muffliato as acct
 from coordinator_free.protocols import make_plan
 from coordinator_free.protocols import randomized as rg
 from coordinator_free.viewlog import read_viewlog
-
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "randomized-gossip-ring.toml"
 
@@ -103,10 +101,7 @@ def test_simulator_averages_pairs_and_converges_to_the_noisy_mean():
     r = sim.simulate(cfg)
     streams = seeds.PublicSeedStreams(cfg.run.seed)
     y = np.stack(
-        [
-            r.inputs[v] + np.asarray(sim.mf.local_noise(cfg, v, streams))
-            for v in range(r.plan.n)
-        ]
+        [r.inputs[v] + np.asarray(sim.mf.local_noise(cfg, v, streams)) for v in range(r.plan.n)]
     )
     # Pairwise averaging keeps the sum: every node ends at the mean of the noisy inputs.
     assert r.finals.sum(axis=0) == pytest.approx(y.sum(axis=0), rel=1e-12, abs=1e-12)
@@ -226,24 +221,10 @@ COMMON = [
 ]
 
 
-def _sets(overrides):
-    return [a for o in overrides for a in ("--set", o)]
-
-
 @pytest.fixture(scope="module")
 def fault_free_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("rg") / "run"
-    path = EXAMPLE
-    proc = subprocess.run(
-        [sys.executable, "-m", "coordinator_free", "run", str(path), *_sets(COMMON)]
-        + ["--out", str(out), "--json", "--quiet"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        stdin=subprocess.DEVNULL,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return out, json.loads(proc.stdout)
+    return out, cfree_run_json(EXAMPLE, COMMON, out)
 
 
 def test_peers_equal_simulator_bitwise(fault_free_run):
@@ -312,7 +293,12 @@ def test_killed_peer_realised_sequence_reproduces_survivors(tmp_path):
     # tick 0.05 s: the victim's exchanges are ~40 ms apart, so the kill lands mid-run.
     cfg = config.load(
         EXAMPLE,
-        [*COMMON[:2], "protocol.tick=0.05", "network.deadline_s=2", "network.connect_timeout_s=120"],
+        [
+            *COMMON[:2],
+            "protocol.tick=0.05",
+            "network.deadline_s=2",
+            "network.connect_timeout_s=120",
+        ],
     )
     out = tmp_path / "kill"
     local.prepare_run_dir(cfg, out)

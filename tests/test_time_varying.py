@@ -10,13 +10,12 @@ models equal the simulator's bit for bit, and the audit of the logs equals the p
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import networkx as nx
 import numpy as np
 import pytest
+from netrun import cfree_run_json
 
 from coordinator_free import audit, config, graphs, seeds, sim
 from coordinator_free.cluster import local
@@ -47,7 +46,9 @@ def test_round_graphs_are_public_fresh_and_connected():
     cfg = tv_config()
     a, b = make_plan(cfg), make_plan(cfg)
     assert a.time_varying and len(a.round_graphs) == 4
-    assert [sorted(g.edges()) for g in a.round_graphs] == [sorted(g.edges()) for g in b.round_graphs]
+    assert [sorted(g.edges()) for g in a.round_graphs] == [
+        sorted(g.edges()) for g in b.round_graphs
+    ]
     assert len({tuple(sorted(g.edges())) for g in a.round_graphs}) > 1  # fresh every round
     for r, g in enumerate(a.round_graphs):
         assert nx.is_connected(g) and g.number_of_nodes() == N
@@ -133,18 +134,8 @@ def test_resample_config_errors():
 @pytest.fixture(scope="module")
 def tv_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("tv") / "run"
-    sets = [a for o in [*TV, "network.deadline_s=20", "network.connect_timeout_s=120"]
-            for a in ("--set", o)]  # fmt: skip
-    proc = subprocess.run(
-        [sys.executable, "-m", "coordinator_free", "run", str(GD), *sets]
-        + ["--out", str(out), "--json", "--quiet"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        stdin=subprocess.DEVNULL,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return out, json.loads(proc.stdout)
+    overrides = [*TV, "network.deadline_s=20", "network.connect_timeout_s=120"]
+    return out, cfree_run_json(GD, overrides, out)
 
 
 def test_peers_exchange_with_each_rounds_neighbours_and_equal_the_simulator(tv_run):
@@ -186,3 +177,31 @@ def test_audit_of_time_varying_run_equals_plan(tv_run):
             )
             checked += 1
     assert checked == N * (N - 1) * 2
+
+
+def test_theorem_9_reference_is_reported_with_its_caveat(capsys):
+    from coordinator_free import cli
+
+    plan = make_plan(tv_config("graph.nodes=12", "graph.p=0.3", "protocol.gossip_steps=1"))
+    F = audit.private_graph_factors(plan)
+    n, K = plan.n, plan.gossip_steps
+    for v in range(n):
+        for u in range(n):
+            if u == v:
+                continue
+            want = 0.0
+            for g in plan.round_graphs:
+                d = g.degree(v)
+                want += 1.0 if g.has_edge(u, v) else min(1.0, 2 * K * d / (n - d))
+            assert F[v, u] == pytest.approx(want)
+    # Some pair is never adjacent in a round and gets less than R-fold local DP.
+    assert F[~np.eye(n, dtype=bool)].min() < plan.rounds
+    code = cli.main(["plan", str(GD), *[a for o in TV for a in ("--set", o)], "--json"])
+    rep = json.loads(capsys.readouterr().out)
+    assert code == 0
+    pg = rep["private_graph_bound"]
+    # sigma = 0.1 is below Theorem 9's condition sigma^2 >= Delta^2 alpha (alpha - 1)/2 = 4.
+    assert "valid only for secret graphs" in pg["note"] and pg["condition_holds"] is False
+    code = cli.main(["plan", str(GD), *[a for o in TV[:-1] for a in ("--set", o)], "--json"])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["private_graph_bound"]["condition_holds"] is True
