@@ -1,8 +1,8 @@
 """Randomized gossip vs synchronous Muffliato, and fixed vs per-round graphs for Muffliato-GD.
 
 Part 1, averaging at equal sigma: `cfree run` of each protocol (16 peer processes), the eps the
-auditor measured from the view logs (worst pair and mean over pairs, exact and paper), the values
-each node sent, and the mean squared error to the true mean over ``--seeds`` runs of
+auditor measured from the view logs (worst pair and mean over pairs, exact and paper), the frames
+each node sent (its values plus one ``done`` per neighbour), and the mean squared error to the true mean over ``--seeds`` runs of
 `cfree simulate` (``run.seed`` = 1..S).
 
 Part 2, learning at equal (eps, delta): Muffliato-GD on Erdős–Rényi graphs, one fixed graph vs a
@@ -39,7 +39,7 @@ ER = ["graph.kind=erdos_renyi", "graph.nodes=16", "graph.p=0.35"]
 
 def averaging(tmp: Path, seeds: int) -> list[str]:
     lines = [
-        "| graph | protocol | steps | values sent per node (mean) "
+        "| graph | protocol | steps | frames sent per node (mean) "
         f"| MSE to the true mean ({seeds} seeds) | eps worst (exact/paper) "
         "| eps mean (exact/paper) |",
         "|---|---|---|---|---|---|---|",

@@ -25,6 +25,7 @@ from . import config as config_mod
 from . import graphs
 from .privacy import muffliato as acct
 from .privacy import multiround
+from .privacy import pairwise as pw
 from .privacy import rdp as rdp_mod
 from .protocols import learning as lp
 from .protocols import make_plan
@@ -84,8 +85,8 @@ def accounting_note(plan) -> str | None:
         )
         if plan.n > acct.RATIONAL_MAX_NODES:
             note += (
-                f"; above {acct.RATIONAL_MAX_NODES} nodes 'exact' is a Krylov upper bound, not "
-                "the exact value"
+                f"; above {acct.RATIONAL_MAX_NODES} nodes 'exact' is the structural upper bound "
+                "(1 for every source whose input reached the observer, 0 for the others)"
             )
         return note
     if not isinstance(plan, lp.LearningPlan):
@@ -183,15 +184,34 @@ def _plan_joint(plan, v: int) -> np.ndarray:
 
 def _randomized_plan_factors(plan, method: str, sources, observers) -> np.ndarray:
     """Randomized gossip, fault-free: the public exchange sequence, each observer's messages."""
-    steps = rg.schedule_steps(plan)
+    exchanges = [(e.a, e.b, True, True) for e in plan.edges]
     obs = range(plan.n) if observers is None else observers
     src = slice(None) if sources is None else list(sources)
     return np.stack(
         [
-            _schedule_factors(plan, steps, v, rg.fault_free_received(plan, v), method, [])[src]
+            _pairwise_factors(plan, exchanges, v, rg.fault_free_received(plan, v), method, [])[src]
             for v in obs
         ]
     )
+
+
+def _pairwise_factors(plan, exchanges, v: int, received, method: str, notes: list) -> np.ndarray:
+    """Randomized gossip: Corollary 2 ('paper') or the exact loss, exact arithmetic up to
+    RATIONAL_MAX_NODES nodes; beyond, the structural bound (1 for every source that reached v)."""
+    if method == "paper":
+        return pw.paper_factors(plan.n, exchanges, v, received)
+    try:
+        return pw.exact_factors(plan.n, exchanges, v, received)
+    except acct.ExactTooLargeError as exc:
+        notes.append(
+            {
+                "observer": v,
+                "kind": "exact-structural-bound",
+                "message": f"{exc}: 'exact' for observer {v} is 1 for every source whose input "
+                "reached it and 0 for the others, an upper bound",
+            }
+        )
+        return pw.structural_factors(plan.n, exchanges, v, received)
 
 
 def _ldp_for_every_pair(plan, method: str) -> bool:
@@ -668,6 +688,17 @@ def _realised_factors(plan, rp: Replay, v: int, method: str, notes: list) -> np.
     ('exact') or Eq. (13) over the realised rounds ('paper'). (central-dp has no logs: see
     _central_audit.)"""
     received = sorted(rp.received[v])
+    if isinstance(plan, rg.RandomizedPlan):
+        exchanges = [
+            (
+                e.a,
+                e.b,
+                bool(rp.steps[e.t][0][e.a, e.b] != 0.0),
+                bool(rp.steps[e.t][0][e.b, e.a] != 0.0),
+            )
+            for e in plan.edges
+        ]
+        return _pairwise_factors(plan, exchanges, v, received, method, notes)
     if not isinstance(plan, lp.LearningPlan):
         return _schedule_factors(plan, rp.steps, v, received, method, notes)
     R = plan.rounds

@@ -419,6 +419,15 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"{s}: protocol.tick must be in [0, 3600] seconds per clock unit, got {pr.tick}"
         )
+    if pr.tick and pr.name != "randomized-gossip":
+        raise ConfigError(
+            f"{s}: protocol.tick paces the Poisson clocks of randomized-gossip; protocol "
+            f"{pr.name!r} has none (remove the key or set it to 0)"
+        )
+    if g.resample and pr.name == "central-dp":
+        raise ConfigError(
+            f"{s}: graph.resample redraws the gossip graph every round; central-dp has no gossip"
+        )
     d = cfg.data
     if d.kind not in DATA_KINDS:
         raise ConfigError(

@@ -22,6 +22,7 @@ from netrun import cfree_run_json
 from coordinator_free import audit, config, graphs, seeds, sim
 from coordinator_free.cluster import local
 from coordinator_free.privacy import muffliato as acct
+from coordinator_free.privacy import pairwise as pw
 from coordinator_free.protocols import make_plan
 from coordinator_free.protocols import randomized as rg
 from coordinator_free.viewlog import read_viewlog
@@ -350,3 +351,89 @@ def test_killed_peer_realised_sequence_reproduces_survivors(tmp_path):
         for x in o["losses"]:
             if x["method"] == "exact":
                 assert x["factor"] == pytest.approx(exact[x["source"]], abs=1e-12)
+
+
+def _random_faulty_schedule(n: int, T: int, seed: int):
+    rng = np.random.default_rng(seed)
+    ex = []
+    for _ in range(T):
+        a, b = sorted(rng.choice(n, size=2, replace=False).tolist())
+        ua, ub = (
+            (True, True)
+            if rng.random() < 0.7
+            else (bool(rng.random() < 0.5), bool(rng.random() < 0.5))
+        )
+        ex.append((a, b, ua, ub))
+    return ex
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pairwise_accountant_equals_the_general_schedule_one(seed):
+    """The dedicated O(T n) pairwise paths against the general ones (realised rows M_t as
+    matrices, exact rational reduction), on schedules with missed ends."""
+    n, T = 6, 24
+    ex = _random_faulty_schedule(n, T, seed)
+    steps = []
+    for a, b, ua, ub in ex:
+        m = np.eye(n)
+        if ua:
+            m[a, a] = m[a, b] = 0.5
+        if ub:
+            m[b, b] = m[b, a] = 0.5
+        steps.append((m, 1.0))
+    for v in range(n):
+        rec = [(t, b if v == a else a) for t, (a, b, _, _) in enumerate(ex) if v in (a, b)]
+        exact = pw.exact_factors(n, ex, v, rec)
+        assert exact == pytest.approx(acct.exact_factors_rational(steps, v, rec), abs=1e-12)
+        assert pw.paper_factors(n, ex, v, rec) == pytest.approx(
+            acct.paper_factors(steps, v, rec), rel=1e-12, abs=1e-15
+        )
+        structural = pw.structural_factors(n, ex, v, rec)
+        assert set(np.unique(structural)) <= {0.0, 1.0}
+        assert np.all(exact <= structural + 1e-12)
+        assert np.all((exact > 1e-12) == (structural == 1.0))
+    a0, b0 = ex[0][0], ex[0][1]
+    stranger = next(x for x in range(n) if x not in (a0, b0))
+    with pytest.raises(ValueError, match="cannot have received"):
+        pw.exact_factors(n, ex, a0, [(0, stranger)])
+
+
+def test_above_the_exact_limit_the_plan_reports_the_structural_bound():
+    cfg = rg_config(graph={"nodes": 70}, protocol={"steps": 300})
+    plan = make_plan(cfg)
+    assert plan.n > acct.RATIONAL_MAX_NODES
+    F = audit.plan_factors(plan, "exact", observers=[0, 35])
+    P = audit.plan_factors(plan, "paper", observers=[0, 35])
+    assert set(np.unique(F)) <= {0.0, 1.0}
+    off = np.ones_like(F, dtype=bool)
+    off[0, 0] = off[1, 35] = False
+    # 0 exactly for the sources whose input never reached the observer (Cor. 2 is 0 there too).
+    assert np.array_equal(F[off] == 0.0, P[off] == 0.0)
+    assert (F[off] == 0.0).sum() > 50  # 300 exchanges on a 70-ring: most inputs never travel far
+    assert "structural upper bound" in audit.accounting_note(plan)
+
+
+def test_step_engine_rejects_a_neighbour_that_is_not_this_steps_partner():
+    from coordinator_free.net.wire import Message
+    from coordinator_free.peer import _StepEngine
+
+    class Log:
+        def __init__(self):
+            self.records = []
+
+        def write(self, record_kind, **fields):
+            self.records.append((record_kind, fields))
+
+    log = Log()
+    engine = _StepEngine(
+        None, log, [1, 2], 4, 1.0, False, partners_at=lambda t: [1] if t % 2 == 0 else [2]
+    )
+    got: dict = {}
+    value = np.zeros(3)
+    engine._inbound(0, 2, Message(kind="value", round=0, step=0, payload=value), (3,), got)
+    engine._inbound(0, 2, Message(kind="value", round=0, step=2, payload=value), (3,), got)
+    assert got == {} and engine.buffered == {}
+    assert [f["kind"] for k, f in log.records if k == "bad-message"] == ["not-a-partner"] * 2
+    engine._inbound(0, 1, Message(kind="value", round=0, step=0, payload=value), (3,), got)
+    engine._inbound(0, 2, Message(kind="value", round=0, step=1, payload=value), (3,), got)
+    assert list(got) == [1] and list(engine.buffered) == [(1, 2)]

@@ -266,6 +266,8 @@ async def launch_peers(
             timeout_s = (
                 cfg.network.connect_timeout_s + (plan.steps + 2) * cfg.network.deadline_s * 2 + 60.0
             )
+            if getattr(plan, "tick", 0.0):  # randomized gossip paced on its clocks
+                timeout_s += plan.tick * plan.edges[-1].time
         watchers = [
             asyncio.ensure_future(
                 _watch_peer(
@@ -385,7 +387,7 @@ def collect_results(cfg: Config, out_dir: Path) -> dict:
     """Per-node estimate errors against the true mean, traffic, and rate."""
     if cfg.learning:
         return collect_learning_results(cfg, out_dir)
-    plan = mf.make_plan(cfg)
+    plan = make_plan(cfg)
     streams = seeds.streams_of_run(out_dir, plan.n)
     inputs = np.stack([mf.private_value(cfg, v, streams) for v in range(plan.n)])
     true_mean = inputs.mean(axis=0)

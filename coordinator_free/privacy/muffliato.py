@@ -453,7 +453,6 @@ def exact_factors_rational(
     <= 1 + ||X||^2) in mpmath with enough bits for that condition. Limits: ``RATIONAL_MAX_NODES``
     nodes and ``RATIONAL_MAX_BITS`` bits per coefficient; intended for tests and small audits.
     """
-    import mpmath
 
     ms, gs, n = _check_steps(steps)
     T = len(ms)
@@ -495,7 +494,7 @@ def exact_factors_rational(
             break
         bits = max((abs(c).bit_length() for row in cur for c in row), default=0)
         if bits > RATIONAL_MAX_BITS:
-            raise ValueError(
+            raise ExactTooLargeError(
                 f"exact_factors_rational: coefficients exceed {RATIONAL_MAX_BITS} bits at step "
                 f"{t}; the schedule is too long for exact arithmetic"
             )
@@ -536,6 +535,16 @@ def exact_factors_rational(
         prev, prev_den = cur, cur_den
         cur, cur_den = nxt, nxt_den
 
+    return projector_diagonal(basis, n, observer)
+
+
+def projector_diagonal(basis: list[tuple[int, list[int]]], n: int, observer: int) -> np.ndarray:
+    """The diagonal of the orthogonal projector onto the span of an exact echelon ``basis``
+    (integer rows over the n - 1 coordinates other than ``observer``, as built by
+    ``_reduce_into``), as loss factors of every source (``observer`` itself: 1)."""
+    import mpmath
+
+    m_cols = n - 1
     f = np.zeros(n)
     f[observer] = 1.0
     rank = len(basis)
@@ -751,7 +760,7 @@ def plan_exact_diagnostics(
 
 
 class ExactTooLargeError(ValueError):
-    """The schedule is not fault-free and too large for exact rational arithmetic."""
+    """The schedule is too large for exact rational arithmetic (nodes or coefficient size)."""
 
 
 def _check_used_observed(ms: list[np.ndarray], observer: int, rec: list[tuple[int, int]]) -> None:

@@ -234,7 +234,9 @@ def make_plan(cfg: Config, graph: nx.Graph | None = None) -> LearningPlan:
     pr = cfg.protocol
     per_round: list[nx.Graph] = []
     per_round_w: list[np.ndarray] = []
-    if cfg.graph.resample and pr.name != "central-dp":
+    if cfg.graph.resample:
+        if graph is not None:
+            raise ValueError("graph.resample draws the rounds' graphs itself: pass no graph")
         # A fresh graph every round; the gap used for K and gamma is the smallest one (the
         # lower bound lambda of the paper's time-varying analysis, App. F).
         per_round = round_graphs(cfg, pr.rounds)
