@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from learning_table import audit_summary, cfree, sets
+from learning_table import audit_summary, cfree, emit, sets
 
 AVERAGING = {
     "muffliato (Chebyshev)": "examples/muffliato-ring.toml",
@@ -122,11 +122,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         part1 = averaging(Path(tmp), args.seeds)
         part2 = learning(Path(tmp), args.eps, args.seeds, args.rounds)
-    text = "\n".join(part1) + "\n\n" + "\n".join(part2) + "\n"
-    if args.out:
-        args.out.write_text(text)
-    else:
-        print(text)
+    emit("\n".join(part1) + "\n\n" + "\n".join(part2) + "\n", args.out)
     return 0
 
 

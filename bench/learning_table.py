@@ -108,12 +108,16 @@ def main() -> int:
                             f"| {a['exact']['mean']:.2f} / {a['paper']['mean']:.2f} |"
                         )
                         print(lines[-1], file=sys.stderr, flush=True)
-    text = "\n".join(lines) + "\n"
-    if args.out:
-        args.out.write_text(text)
+    emit("\n".join(lines) + "\n", args.out)
+    return 0
+
+
+def emit(text: str, out: Path | None) -> None:
+    """The markdown table: to ``out`` if given, else stdout."""
+    if out:
+        out.write_text(text)
     else:
         print(text)
-    return 0
 
 
 if __name__ == "__main__":

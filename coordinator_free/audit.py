@@ -19,6 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+import networkx as nx
 import numpy as np
 
 from . import config as config_mod
@@ -294,19 +295,12 @@ def private_graph_factors(plan) -> np.ndarray:
     n, K = plan.n, plan.gossip_steps
     out = np.zeros((n, n))
     for g in plan.round_graphs:
-        adj = nx_adjacency(g, n)
+        adj = nx.to_numpy_array(g, nodelist=range(n), dtype=bool)
         deg = adj.sum(axis=1)
         far = np.minimum(1.0, 2.0 * K * deg / np.maximum(n - deg, 1))
         out += np.where(adj, 1.0, far[:, None])
     np.fill_diagonal(out, float(plan.rounds))
     return out
-
-
-def nx_adjacency(g, n: int) -> np.ndarray:
-    a = np.zeros((n, n), dtype=bool)
-    for x, y in g.edges():
-        a[x, y] = a[y, x] = True
-    return a
 
 
 def private_graph_report(plan, u: Units) -> dict:

@@ -7,6 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
+
+from coordinator_free import audit
+
 
 def cfree_run_json(config: Path, overrides: list[str], out: Path, timeout: float = 240) -> dict:
     """`cfree run CONFIG --set ... --out OUT --json --quiet`; asserts it succeeded."""
@@ -21,3 +26,18 @@ def cfree_run_json(config: Path, overrides: list[str], out: Path, timeout: float
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
+
+
+def assert_audit_equals_plan(rep: dict, plan, tol: float) -> dict[str, np.ndarray]:
+    """Every (observer, source, method) factor of an audit report equals ``cfree plan``'s, to
+    ``tol`` (relative and absolute), and every ordered pair is there; returns the plan's factors."""
+    F = {m: audit.plan_factors(plan, m) for m in audit.METHODS}
+    checked = 0
+    for o in rep["observers"]:
+        v = o["observer"]
+        for x in o["losses"]:
+            want = float(F[x["method"]][v, x["source"]])
+            assert x["factor"] == pytest.approx(want, rel=tol, abs=tol), (v, x)
+            checked += 1
+    assert checked == plan.n * (plan.n - 1) * len(audit.METHODS)
+    return F

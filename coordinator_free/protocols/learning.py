@@ -161,11 +161,8 @@ def round_graph_seed(graph_seed: int, r: int) -> int:
 
 def round_graphs(cfg: Config, rounds: int) -> list[nx.Graph]:
     """A fresh random graph per round from the public per-round seed (graph.resample)."""
-    g = cfg.graph
     return [
-        graphs.build_graph(
-            g.kind, nodes=g.nodes, p=g.p, radius=g.radius, seed=round_graph_seed(g.seed, r)
-        )
+        mf.build_graph_from_config(cfg, seed=round_graph_seed(cfg.graph.seed, r))
         for r in range(rounds)
     ]
 

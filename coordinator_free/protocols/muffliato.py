@@ -86,7 +86,8 @@ class MuffliatoPlan(GraphRows):
         }
 
 
-def build_graph_from_config(cfg: Config) -> nx.Graph:
+def build_graph_from_config(cfg: Config, seed: int | None = None) -> nx.Graph:
+    """The config's graph; ``seed`` overrides ``graph.seed`` (a round's graph, graph.resample)."""
     g = cfg.graph
     return graphs.build_graph(
         g.kind,
@@ -97,7 +98,7 @@ def build_graph_from_config(cfg: Config) -> nx.Graph:
         p=g.p,
         radius=g.radius,
         path=g.path,
-        seed=g.seed,
+        seed=g.seed if seed is None else seed,
     )
 
 

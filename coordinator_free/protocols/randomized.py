@@ -216,21 +216,6 @@ def exchange_update(
     return mf.gossip_update(terms, 1.0, None)
 
 
-def schedule_steps(plan: RandomizedPlan) -> list[tuple[np.ndarray, float]]:
-    """The fault-free schedule as accountant steps ``(W_t, 1.0)``, t = 0..T-1, with
-    ``W_t = I - (e_a - e_b)(e_a - e_b)^T / 2``; exchanges on the same edge share one matrix."""
-    shared: dict[tuple[int, int], np.ndarray] = {}
-    out = []
-    for e in plan.edges:
-        m = shared.get((e.a, e.b))
-        if m is None:
-            m = np.eye(plan.n)
-            m[e.a, e.a] = m[e.b, e.b] = m[e.a, e.b] = m[e.b, e.a] = 0.5
-            shared[(e.a, e.b)] = m
-        out.append((m, 1.0))
-    return out
-
-
 def fault_free_received(plan: RandomizedPlan, v: int) -> list[tuple[int, int]]:
     """The messages (t, partner) node v receives in a fault-free run."""
     return [(e.t, e.partner(v)) for e in plan.exchanges_of(v)]
