@@ -334,7 +334,9 @@ def cmd_run(args) -> int:
     streams = seeds.streams_of_run(out, len(results["nodes"]))
     finished = [r for r in results["nodes"] if r["finished"]]
     match = None
-    if finished and cfg.learning:
+    if cfg.walk:
+        match = _walk_against_simulator(cfg, plan, results, streams)
+    elif finished and cfg.learning:
         from .sim import simulate_learning
 
         sim_models = simulate_learning(cfg, streams=streams).models  # (R+1, n, dim)
@@ -381,7 +383,82 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _walk_against_simulator(cfg, plan, results: dict, streams) -> float | None:
+    """Add to every completed token its estimate, the simulator's token and what it estimates;
+    return max |peer - simulator| over the completed tokens (None if none completed)."""
+    from .protocols import walk as wk
+    from .sim import simulate_walk
+
+    sim = simulate_walk(cfg, streams=streams)
+    diffs = []
+    task = None
+    if plan.kind == "sgd":
+        from .protocols import learning as lp
+
+        task = lp.make_task(cfg, plan.n)
+    for t in results["tokens"]:
+        if "final" not in t:
+            continue
+        trace = sim.traces[t["token"]]
+        final = np.asarray(t["final"], dtype=np.float64)
+        t["simulator_max_abs_diff"] = float(np.max(np.abs(final - trace.final)))
+        diffs.append(t["simulator_max_abs_diff"])
+        if task is not None:
+            ds, model = task.dataset, task.model
+            t["test_accuracy"] = model.accuracy(final, ds.X_test, ds.y_test)
+            t["test_loss"] = float(model.loss(final, ds.X_test, ds.y_test))
+        else:
+            est = wk.estimate(plan, final)
+            t["estimate"] = est.tolist()
+            t["truth"] = trace.truth.tolist()
+            # The truth of the fault-free walk: only meaningful when the walk completed as
+            # planned (a re-routed walk sums other contributions).
+            t["error"] = float(np.linalg.norm(est - trace.truth))
+    return max(diffs) if diffs else None
+
+
+def _print_walk_summary(summary: dict) -> None:
+    res = summary["results"]
+    rows = []
+    for t in res["tokens"]:
+        e = t["end"]
+        where = f"{e['how']} at node {e['at']}, step {e['step']}"
+        if "test_accuracy" in t:
+            acc = "-" if t["test_accuracy"] is None else f"{t['test_accuracy']:.4f}"
+            quality = f"test acc {acc}, test loss {_fmt(t['test_loss'])}"
+        elif "error" in t:
+            quality = f"|estimate - truth| = {_fmt(t['error'])}"
+        else:
+            quality = "-"
+        rows.append([str(t["token"]), where, quality])
+    print()
+    print(_table(["token", "walk", "result"], rows))
+    fin = [r for r in res["nodes"] if r["finished"]]
+    lost = [r["node"] for r in res["nodes"] if not r["finished"]]
+    rer = sum(len(r["reroutes"]) for r in fin)
+    print(
+        f"{res['hops']} hops per token; {len(fin)}/{len(res['nodes'])} nodes finished"
+        + (f" (no result from {lost})" if lost else "")
+        + f"; {rer} re-route(s); total bytes sent {sum(r['bytes_sent'] for r in fin)}; "
+        f"wall time {summary['wall_s']:.2f}s"
+    )
+
+
 def _run_banner(cfg, plan) -> str:
+    if cfg.walk:
+        what = {"sum": "a running sum", "histogram": "a count histogram", "sgd": "a model"}[
+            plan.kind
+        ]
+        noise = (
+            f"eps0={plan.eps0} randomized responses"
+            if plan.kind == "histogram"
+            else f"sigma={plan.sigma}"
+        )
+        cap = f", cap {plan.cap} contributions per node" if plan.cap else ""
+        return (
+            f"starting {plan.n} peers: {cfg.protocol.name} on {cfg.graph.kind}, {plan.tokens} "
+            f"token(s) carrying {what}, {plan.hops} hops each{cap}, {noise}"
+        )
     acc = " (Chebyshev)" if plan.accelerated else ""
     if cfg.protocol.name == "randomized-gossip":
         pace = f"{plan.tick:g} s per clock unit" if plan.tick else "as fast as the network allows"
@@ -514,6 +591,10 @@ def _print_learning_summary(summary: dict) -> None:
 
 def _print_run_summary(summary: dict, audit: dict | None) -> None:
     res = summary["results"]
+    if "tokens" in res:
+        _print_walk_summary(summary)
+        _print_run_footer(summary, audit)
+        return
     if "metrics" in res:
         _print_learning_summary(summary)
         _print_run_footer(summary, audit)

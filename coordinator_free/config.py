@@ -23,11 +23,23 @@ from .learning.datasets import DATASET_KINDS  # numpy only; scikit-learn is impo
 AVERAGING_PROTOCOLS = ("muffliato", "randomized-gossip")
 #: Private learning from per-node data shards (docs/config.md, docs/learning.md).
 LEARNING_PROTOCOLS = ("muffliato-gd", "muffliato-sgd", "dsgd", "central-dp")
-PROTOCOLS = AVERAGING_PROTOCOLS + LEARNING_PROTOCOLS
+#: Token forwarding: a token (a running sum, a histogram, a model) walks the graph
+#: (docs/config.md, docs/privacy.md §10).
+WALK_PROTOCOLS = (
+    "ring-sum",
+    "ring-histogram",
+    "complete-sum",
+    "complete-histogram",
+    "complete-sgd",
+    "walk-sgd",
+)
+PROTOCOLS = AVERAGING_PROTOCOLS + LEARNING_PROTOCOLS + WALK_PROTOCOLS
 DEFAULT_CONFIG = Path(__file__).parent / "examples" / "muffliato-ring.toml"
 #: Per-node private values for averaging.
 VALUE_KINDS = ("uniform", "gaussian", "bernoulli")
-DATA_KINDS = VALUE_KINDS + DATASET_KINDS
+#: Per-node categorical values for the histogram protocols.
+CATEGORY_KINDS = ("categorical",)
+DATA_KINDS = VALUE_KINDS + CATEGORY_KINDS + DATASET_KINDS
 PARTITIONS = ("iid", "dirichlet", "fixed")
 #: Graph kinds that graph.resample can draw afresh every round.
 RESAMPLE_KINDS = ("erdos_renyi", "geometric")
@@ -74,6 +86,12 @@ class ProtocolSection:
     step_size: float = 0.5
     batch_size: int = 0
     clip: float = 1.0
+    # Token forwarding (ring-*, complete-*, walk-sgd).
+    cycles: int = 1  # ring protocols: K full turns of the ring
+    hops: int | str = "auto"  # complete-* and walk-sgd: token steps per token
+    tokens: int = 1  # independent walks at once
+    cap: int = 0  # contributions per node and token (0: no cap); past it a node adds noise only
+    distributed_noise: bool = False  # ring-sum: Remark 1 (every hop adds sigma/sqrt(n-1))
 
 
 @dataclass(frozen=True)
@@ -95,6 +113,7 @@ class DataSection:
     normalize: bool = True
     intercept: bool = True
     label_column: int = -1
+    levels: int = 4  # categorical: the histogram domain {0, ..., levels - 1}
     task: str = "classification"
     partition: str = "iid"
     beta: float = 1.0
@@ -113,6 +132,8 @@ class PrivacySection:
     sensitivity: float | None = None
     alpha: float = 2.0
     delta: float = 1e-5
+    # Histogram protocols: the local eps of one randomized response.
+    eps0: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -165,13 +186,23 @@ class Config:
         return self.protocol.name in LEARNING_PROTOCOLS
 
     @property
+    def walk(self) -> bool:
+        """True for the token-forwarding protocols."""
+        return self.protocol.name in WALK_PROTOCOLS
+
+    @property
+    def walk_learning(self) -> bool:
+        """True for the token protocols whose token is a model (complete-sgd, walk-sgd)."""
+        return self.protocol.name in ("complete-sgd", "walk-sgd")
+
+    @property
     def sensitivity(self) -> float:
         """The L2 sensitivity in use: ``privacy.sensitivity`` if given, else 1 for averaging and
         ``2 * protocol.clip`` for learning (one node's whole shard replaced: two clipped mean
         gradients differ by at most 2C)."""
         if self.privacy.sensitivity is not None:
             return float(self.privacy.sensitivity)
-        return 2.0 * self.protocol.clip if self.learning else 1.0
+        return 2.0 * self.protocol.clip if (self.learning or self.walk_learning) else 1.0
 
     def graph_n(self) -> int:
         g = self.graph
@@ -471,6 +502,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"{s}: network.max_frame_bytes must be in 1024..2^31")
     if not nw.host:
         raise ConfigError(f"{s}: network.host must not be empty")
+    if not 0 < pv.eps0 <= 50:
+        raise ConfigError(f"{s}: privacy.eps0 must be in (0, 50], got {pv.eps0}")
     if cfg.learning:
         _validate_learning(cfg)
         return
@@ -479,6 +512,9 @@ def validate(cfg: Config) -> None:
             f"{s}: graph.resample draws a fresh graph every round of a learning protocol "
             f"({', '.join(LEARNING_PROTOCOLS)}); protocol {pr.name!r} has no rounds"
         )
+    if cfg.walk:
+        _validate_walk(cfg)
+        return
     if d.kind not in VALUE_KINDS:
         raise ConfigError(
             f"{s}: protocol {pr.name!r} averages one private value per node: data.kind must be "
@@ -564,3 +600,84 @@ def _validate_learning(cfg: Config) -> None:
         raise ConfigError(f"{s}: model.l2 must be >= 0, got {m.l2}")
     if m.kind == "ridge" and m.l2 <= 0:
         raise ConfigError(f'{s}: model.kind = "ridge" needs model.l2 > 0')
+
+
+#: The graph each token protocol runs on (walk-sgd: any connected graph).
+WALK_GRAPH = {
+    "ring-sum": "ring",
+    "ring-histogram": "ring",
+    "complete-sum": "complete",
+    "complete-histogram": "complete",
+    "complete-sgd": "complete",
+}
+
+
+def _validate_walk(cfg: Config) -> None:
+    """Keys of the token-forwarding protocols (checked only when one of them is selected)."""
+    s, pr, d, g = cfg.source, cfg.protocol, cfg.data, cfg.graph
+    need_graph = WALK_GRAPH.get(pr.name)
+    if need_graph and g.kind != need_graph:
+        raise ConfigError(
+            f'{s}: protocol {pr.name!r} runs on graph.kind = "{need_graph}", got {g.kind!r} '
+            "(random-walk DP-SGD on any graph is walk-sgd)"
+        )
+    if not 1 <= pr.cycles <= 10_000:
+        raise ConfigError(f"{s}: protocol.cycles must be in 1..10000, got {pr.cycles}")
+    if isinstance(pr.hops, str):
+        if pr.hops != "auto":
+            raise ConfigError(
+                f'{s}: protocol.hops must be a positive integer or "auto", got {pr.hops!r}'
+            )
+    elif not 1 <= pr.hops <= 1_000_000:
+        raise ConfigError(f"{s}: protocol.hops must be in 1..1000000, got {pr.hops}")
+    if pr.name.startswith("ring-") and pr.hops != "auto":
+        raise ConfigError(
+            f"{s}: a ring token makes protocol.cycles turns of n hops; protocol.hops is for the "
+            "complete-graph and walk-sgd protocols (remove it)"
+        )
+    if not 1 <= pr.tokens <= 64:
+        raise ConfigError(f"{s}: protocol.tokens must be in 1..64, got {pr.tokens}")
+    if not 0 <= pr.cap <= 1_000_000:
+        raise ConfigError(f"{s}: protocol.cap must be in 0..1000000 (0: no cap), got {pr.cap}")
+    if pr.name == "walk-sgd" and pr.cap < 1:
+        raise ConfigError(
+            f"{s}: walk-sgd needs protocol.cap >= 1: Theorem 3 of the random-walk paper bounds "
+            "the loss per contribution, so each node's number of contributions must be bounded "
+            "(the papers' experiments use about 1.25 x hops / n)"
+        )
+    if pr.name.startswith("ring-") and pr.cap:
+        raise ConfigError(
+            f"{s}: on the ring every node contributes exactly once per cycle; protocol.cap is for "
+            "the complete-graph and walk-sgd protocols"
+        )
+    if pr.distributed_noise and pr.name != "ring-sum":
+        raise ConfigError(
+            f"{s}: protocol.distributed_noise is ring-sum's Remark 1 variant; protocol "
+            f"{pr.name!r} has no such option"
+        )
+    if g.resample:
+        raise ConfigError(f"{s}: graph.resample is for the learning protocols, not {pr.name!r}")
+    if pr.name.endswith("-sum"):
+        if d.kind not in VALUE_KINDS:
+            raise ConfigError(
+                f"{s}: protocol {pr.name!r} sums private values: data.kind must be one of "
+                f"{', '.join(VALUE_KINDS)}, got {d.kind!r}"
+            )
+        need = 8 * d.dim + 4096
+    elif pr.name.endswith("-histogram"):
+        if d.kind != "categorical":
+            raise ConfigError(
+                f'{s}: protocol {pr.name!r} counts categories: data.kind must be "categorical", '
+                f"got {d.kind!r}"
+            )
+        if not 2 <= d.levels <= 1_000_000:
+            raise ConfigError(f"{s}: data.levels must be in 2..1000000, got {d.levels}")
+        need = 8 * d.levels + 4096
+    else:
+        _validate_learning(cfg)
+        return
+    if need > cfg.network.max_frame_bytes:
+        raise ConfigError(
+            f"{s}: a token needs frames of about {need} bytes but network.max_frame_bytes is "
+            f"{cfg.network.max_frame_bytes}; raise it"
+        )

@@ -63,6 +63,9 @@ class PeerResult:
     messages_received: int
     missed: list[dict] = field(default_factory=list)
     late: int = 0
+    # Token protocols: how every walk ended ({"how", "at", "step"} by token id), the final value
+    # of the walks that completed at this node, and this node's re-routes.
+    walks: dict | None = None
 
     def to_json(self) -> dict:
         return self.__dict__.copy()
@@ -220,6 +223,10 @@ async def run_peer(
             return current
 
         t_run = time.monotonic()
+        if cfg.walk:
+            return await _run_walk(
+                cfg, plan, net, vlog, node_id, own, progress, out_dir, t_start, t_run
+            )
         models: list[np.ndarray] = []
         if cfg.learning:
             from .protocols import learning as lp
@@ -272,6 +279,42 @@ async def run_peer(
     finally:
         await net.close()
         vlog.close()
+
+
+async def _run_walk(cfg, plan, net, vlog, node_id, own, progress, out_dir, t_start, t_run):
+    """Token protocols: serve the tokens (walkpeer.TokenEngine), then write the result."""
+    from .walkpeer import TokenEngine
+
+    deadline = cfg.network.deadline_s
+    engine = TokenEngine(plan, cfg, net, vlog, node_id, own, deadline, cfg.log.values, progress)
+    # A bound on the whole walk, never reached in a live run: every hop of every token may use
+    # its deadline a few times over.
+    bound = (plan.hops * plan.tokens + 2) * deadline * 4 + 60.0
+    outcome = await engine.run(bound)
+    run_s = time.monotonic() - t_run
+    stats = net.stats
+    result = PeerResult(
+        node=node_id,
+        estimate=[],
+        steps=outcome.steps_made,
+        elapsed_s=run_s,
+        bytes_sent=int(sum(s.bytes_sent for s in stats.values())),
+        bytes_received=int(sum(s.bytes_received for s in stats.values())),
+        messages_sent=int(sum(s.frames_sent for s in stats.values())),
+        messages_received=int(sum(s.frames_received for s in stats.values())),
+        missed=outcome.reroutes,
+        walks={
+            "ended": {str(j): e for j, e in outcome.ended.items()},
+            "finals": {str(j): v for j, v in outcome.finals.items()},
+        },
+    )
+    vlog.write("finished", steps=outcome.steps_made, reroutes=len(outcome.reroutes))
+    results_dir = out_dir / "results"
+    tmp = results_dir / f"node-{node_id}.json.tmp"
+    tmp.write_text(json.dumps(result.to_json(), indent=1))
+    tmp.replace(results_dir / f"node-{node_id}.json")
+    progress.emit(event="finished", node=node_id, elapsed_s=time.monotonic() - t_start)
+    return result
 
 
 class _StepEngine:

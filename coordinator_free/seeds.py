@@ -29,6 +29,7 @@ PURPOSE_DATA = 1
 PURPOSE_NOISE = 2
 PURPOSE_BATCH = 3  # minibatch sampling of the learning protocols
 PURPOSE_CLOCK = 4  # randomized gossip: the nodes' Poisson clocks (public streams of the run seed)
+PURPOSE_HOP = 5  # token protocols: the holder's draw of the next hop (secret, like its noise)
 
 _INFO = b"coordinator-free/v1 node stream"
 

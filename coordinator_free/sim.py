@@ -127,3 +127,27 @@ def simulate_learning(cfg: Config, streams: seeds.Streams | None = None) -> Lear
     models = np.stack(history)
     metrics = [lp.round_metrics(task, r, models[r]) for r in range(models.shape[0])]
     return LearningSimResult(plan=plan, models=models, metrics=metrics)
+
+
+@dataclass
+class WalkSimResult:
+    plan: object  # protocols.walk.WalkPlan
+    traces: list  # one protocols.walk.TokenTrace per token
+
+    @property
+    def finals(self) -> np.ndarray:
+        """(tokens, dim): every token's final value."""
+        return np.stack([t.final for t in self.traces])
+
+
+def simulate_walk(cfg: Config, streams: seeds.Streams | None = None) -> WalkSimResult:
+    """Run every token of a token protocol to its end in one process, fault-free, with the peers'
+    exact step math and hop draws (bit-identical to a fault-free networked run given the same
+    streams)."""
+    from .protocols import walk as wk
+
+    plan = wk.make_plan(cfg)
+    streams = streams if streams is not None else seeds.PublicSeedStreams(cfg.run.seed)
+    return WalkSimResult(
+        plan=plan, traces=[wk.walk_token(plan, cfg, j, streams) for j in range(plan.tokens)]
+    )

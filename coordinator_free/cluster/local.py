@@ -123,8 +123,10 @@ def bind_sockets(host: str, n: int, base_port: int) -> list[socket.socket]:
 class ProgressDisplay:
     """One status line on stderr; plain periodic lines when stderr is not a terminal."""
 
-    def __init__(self, n: int, steps: int, enabled: bool):
-        self.n, self.steps, self.enabled = n, steps, enabled
+    def __init__(self, n: int, steps: int, enabled: bool, token: bool = False):
+        # token: a walk's progress is the furthest step any node has made (a node may never be
+        # visited), not the step every node has reached.
+        self.n, self.steps, self.enabled, self.token = n, steps, enabled, token
         self.tty = sys.stderr.isatty()
         self.connected: set[int] = set()
         self.step = [0] * n
@@ -148,12 +150,12 @@ class ProgressDisplay:
     def render(self, final: bool = False) -> None:
         if not self.enabled:
             return
-        low = min(self.step)
+        low = max(self.step) if self.token else min(self.step)
         pct = int(100 * low / max(1, self.steps))
         width = 30
         bar = "#" * (width * pct // 100) + "-" * (width - width * pct // 100)
         line = (
-            f"  [{bar}] step {low}/{self.steps}  connected {len(self.connected)}/{self.n}  "
+            f"  [{bar}] {'hop' if self.token else 'step'} {low}/{self.steps}  connected {len(self.connected)}/{self.n}  "
             f"finished {len(self.finished)}/{self.n}  {time.monotonic() - self._t0:5.1f}s"
         )
         if self.tty:
@@ -232,7 +234,7 @@ async def launch_peers(
         ros = roster_mod.generate_keys(n, out_dir / "keys", hosts=hosts, name=cfg.run.name)
         roster_mod.save_roster(out_dir / "roster.json", ros)
         (out_dir / "logs").mkdir(exist_ok=True)
-        display = ProgressDisplay(n, plan.steps, show_progress)
+        display = ProgressDisplay(n, plan.steps, show_progress, token=cfg.walk)
         outcomes = [PeerOutcome(node=i, returncode=None) for i in range(n)]
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -383,10 +385,42 @@ def collect_learning_results(cfg: Config, out_dir: Path) -> dict:
     }
 
 
+def collect_walk_results(cfg: Config, out_dir: Path) -> dict:
+    """Token protocols: how every walk ended, the final token of the completed walks (from the
+    node where each completed), and per-node traffic."""
+    plan = make_plan(cfg)
+    nodes, ends, finals = [], {}, {}
+    for v in range(plan.n):
+        res = _node_result(out_dir, v)
+        if res is None or not isinstance(res.get("walks"), dict):
+            nodes.append({"node": v, "finished": False})
+            continue
+        walks = res["walks"]
+        for j, e in walks.get("ended", {}).items():
+            ends.setdefault(int(j), e)
+        for j, val in walks.get("finals", {}).items():
+            finals[int(j)] = {"node": v, "value": val}
+        nodes.append(
+            {"node": v, "finished": True, "steps_made": res["steps"], "reroutes": res["missed"],
+             **_traffic(res)}
+        )  # fmt: skip
+    tokens = []
+    for j in range(plan.tokens):
+        t = {"token": j, "end": ends.get(j, {"how": "unknown", "at": None, "step": None})}
+        if j in finals:
+            t["final_at"] = finals[j]["node"]
+            t["final"] = finals[j]["value"]
+        tokens.append(t)
+    return {"protocol": plan.protocol, "hops": plan.hops, "steps": plan.hops, "tokens": tokens,
+            "nodes": nodes}  # fmt: skip
+
+
 def collect_results(cfg: Config, out_dir: Path) -> dict:
     """Per-node estimate errors against the true mean, traffic, and rate."""
     if cfg.learning:
         return collect_learning_results(cfg, out_dir)
+    if cfg.walk:
+        return collect_walk_results(cfg, out_dir)
     plan = make_plan(cfg)
     streams = seeds.streams_of_run(out_dir, plan.n)
     inputs = np.stack([mf.private_value(cfg, v, streams) for v in range(plan.n)])

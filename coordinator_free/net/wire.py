@@ -57,7 +57,20 @@ _INT_MAX = (1 << 64) - 1  # the msgpack integer range
 
 #: Message kinds accepted by :func:`decode_message` and :class:`Message`. Extend it with
 #: :func:`register_kind`; read it as ``wire.ALLOWED_KINDS`` (the name is rebound on extension).
-ALLOWED_KINDS: frozenset[str] = frozenset({"value", "done", "abort", "token"})
+ALLOWED_KINDS: frozenset[str] = frozenset(
+    {
+        "value",
+        "done",
+        "abort",
+        "token",
+        # token hand-off (coordinator_free/walkpeer.py)
+        "token_ack",
+        "token_commit",
+        "token_abort",
+        "token_fwd",
+        "walk_end",
+    }
+)
 
 
 class WireError(ValueError):

@@ -6,8 +6,12 @@ from ..config import Config
 
 
 def make_plan(cfg: Config):
-    """The public plan of a run: a MuffliatoPlan or RandomizedPlan (averaging) or a
-    LearningPlan (learning)."""
+    """The public plan of a run: a MuffliatoPlan or RandomizedPlan (averaging), a LearningPlan
+    (learning) or a WalkPlan (token forwarding)."""
+    if cfg.walk:
+        from .walk import make_plan as walk_plan
+
+        return walk_plan(cfg)
     if cfg.learning:
         from .learning import make_plan as learning_plan
 

@@ -130,9 +130,10 @@ def make_plan(cfg: Config, graph: nx.Graph | None = None) -> MuffliatoPlan:
     )
 
 
-def private_value(cfg: Config, v: int, streams: seeds.Streams) -> np.ndarray:
-    """Node v's private input for the averaging demo, drawn from v's data stream."""
-    rng = streams.stream(seeds.PURPOSE_DATA, v)
+def private_value(cfg: Config, v: int, streams: seeds.Streams, round_: int = 0) -> np.ndarray:
+    """Node v's private input for the averaging demo, drawn from v's data stream (``round_``:
+    the token protocols' k-th contribution of v)."""
+    rng = streams.stream(seeds.PURPOSE_DATA, v, round_)
     d = cfg.data
     if d.kind == "uniform":
         return rng.uniform(d.low, d.high, size=d.dim)
