@@ -236,6 +236,10 @@ def _joint(plan, v: int, schedule=None, received=None) -> multiround.MultiRoundL
 
 def plan_report(cfg: config_mod.Config, *, source: int | None, method: str) -> dict:
     plan = make_plan(cfg)
+    if cfg.walk:
+        from . import audit_walk
+
+        return audit_walk.plan_report(cfg, plan, source=source, method=method)
     u = units_of(plan)
     base = {
         "alpha": plan.alpha,
@@ -372,17 +376,13 @@ def load_run(run_dir: Path):
     return cfg, make_plan(cfg)
 
 
-def replay(run_dir: Path, plan: mf.MuffliatoPlan) -> Replay:
-    n, T = plan.n, plan.steps
+def read_logs(run_dir: Path, plan, integrity: list[dict]) -> dict:
+    """Every node's view log that can be read and belongs to this run, checked against the
+    plan's public parameters; every problem goes to ``integrity``."""
     run_id = _run_id(run_dir)
-    integrity: list[dict] = []
-    got: dict[int, dict[int, set[int]]] = {}  # node -> step -> senders used on time
-    received: dict[int, set[tuple[int, int]]] = {}
-    sends: dict[tuple[int, int, int], str] = {}  # (step, sender, receiver) -> digest
-    recvs: dict[tuple[int, int, int], str] = {}
-    logged: set[int] = set()
     expected_params = plan.public_params()
-    for v in range(n):
+    logs = {}
+    for v in range(plan.n):
         path = run_dir / "logs" / f"node-{v}.vlog"
         if not path.exists():
             integrity.append(
@@ -425,6 +425,19 @@ def replay(run_dir: Path, plan: mf.MuffliatoPlan) -> Replay:
                         "message": f"{key}: log has {have!r}, config gives {want!r}",
                     }
                 )
+        logs[v] = vl
+    return logs
+
+
+def replay(run_dir: Path, plan: mf.MuffliatoPlan) -> Replay:
+    n, T = plan.n, plan.steps
+    integrity: list[dict] = []
+    got: dict[int, dict[int, set[int]]] = {}  # node -> step -> senders used on time
+    received: dict[int, set[tuple[int, int]]] = {}
+    sends: dict[tuple[int, int, int], str] = {}  # (step, sender, receiver) -> digest
+    recvs: dict[tuple[int, int, int], str] = {}
+    logged: set[int] = set()
+    for v, vl in read_logs(run_dir, plan, integrity).items():
         logged.add(v)
         per_step: dict[int, set[int]] = defaultdict(set)
         seen: set[tuple[int, int]] = set()
@@ -542,6 +555,10 @@ def _digest(value: np.ndarray) -> str:
 def audit_run(run_dir: str | Path, *, observers: list[int] | None = None) -> dict:
     run_dir = Path(run_dir)
     cfg, plan = load_run(run_dir)
+    if cfg.walk:
+        from . import audit_walk
+
+        return audit_walk.audit_run(run_dir, cfg, plan, observers)
     if isinstance(plan, lp.LearningPlan) and not plan.decentralized:
         return _central_audit(run_dir, plan, observers)
     rp = replay(run_dir, plan)

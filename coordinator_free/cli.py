@@ -174,7 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------------- formatting
 
 
-def _fmt(x: float) -> str:
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "-"
     if x == 0:
         return "0"
     if abs(x) >= 1e4 or abs(x) < 1e-3:
@@ -193,7 +195,48 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
+def _print_walk_plan(rep: dict) -> None:
+    print(
+        f"protocol={rep['protocol']}  n={rep['n']}  hops per token={rep['hops']}  "
+        f"tokens={rep['tokens']}  cap={rep['cap'] or 'none'}  method={rep['method']}  "
+        f"alpha={rep['alpha']}  delta={rep['delta']:g}"
+    )
+    ldp = rep["ldp"]
+    print(
+        f"LDP baseline ({ldp['contributions']:g} contributions per node, each seen directly): "
+        f"eps={_fmt(ldp['eps'])}"
+    )
+    print(f"accounting: {rep['accounting']}")
+    if rep.get("hidden_sender"):
+        h = rep["hidden_sender"]
+        print(
+            f"for comparison, {h['note']}: worst pair eps={_fmt(h['worst_pair']['eps'])}, "
+            f"mean over pairs eps={_fmt(h['mean_over_pairs']['eps'])}"
+        )
+    if rep.get("source") is not None:
+        rows = [
+            [str(x["observer"]), str(x["distance"]), _fmt(x["factor"]), _fmt(x["rdp"]),
+             _fmt(x["eps"])]
+            for x in rep["losses"]
+        ]  # fmt: skip
+        print(f"losses from source {rep['source']}:")
+        print(_table(["observer", "dist", "factor", "rdp", "eps"], rows))
+        return
+    rows = [
+        [str(r["distance"]), str(r["pairs"]), _fmt(r["factor_mean"]), _fmt(r["factor_max"]),
+         _fmt(r["eps_mean"]), _fmt(r["eps_max"])]
+        for r in rep["by_distance"]
+    ]  # fmt: skip
+    print(_table(["dist", "pairs", "factor mean", "factor max", "eps mean", "eps max"], rows))
+    w = rep["worst_pair"]
+    print(f"worst pair: {w['source']} -> {w['observer']}  eps={_fmt(w['eps'])}")
+    print(f"mean over pairs: eps={_fmt(rep['mean_over_pairs']['eps'])}")
+
+
 def _print_plan(rep: dict) -> None:
+    if "hops" in rep:
+        _print_walk_plan(rep)
+        return
     print(
         f"n={rep['n']}  steps={rep['steps']}  accelerated={rep['accelerated']}  "
         f"spectral gap={rep['spectral_gap']:.4g}  method={rep['method']}  alpha={rep['alpha']}  "
