@@ -777,6 +777,10 @@ def calibrate(cfg: config_mod.Config, target_eps: float, *, method: str, budget:
         raise AuditError(f"--target-eps must be a positive number, got {target_eps}")
     if budget not in BUDGETS:
         raise AuditError(f"unknown budget {budget!r}; expected one of {BUDGETS}")
+    if cfg.walk:
+        from . import audit_walk
+
+        return audit_walk.calibrate(cfg, target_eps, method=method, budget=budget)
     cache: dict[tuple, np.ndarray] = {}
 
     def at(sigma: float):

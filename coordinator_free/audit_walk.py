@@ -530,3 +530,75 @@ def audit_run(run_dir: Path, cfg: Config, plan: wk.WalkPlan, observers=None) -> 
         "integrity": integrity,
         "notes": [],
     }
+
+
+# ------------------------------------------------------------------------------ calibration
+
+
+def calibrate(cfg: Config, target_eps: float, *, method: str, budget: str) -> dict:
+    """The smallest ``privacy.sigma`` whose loss meets ``target_eps`` (worst pair, or the mean
+    over pairs), for the Gaussian token protocols. ``exact``: the factors of the walk do not
+    depend on sigma (one sampled walk off the ring), so eps is a decreasing function of sigma;
+    ``paper``: the theorem recomputed at every sigma. Bisection on log sigma to 1e-9."""
+    import dataclasses
+    import math
+
+    from .audit import AuditError
+
+    plan = wk.make_plan(cfg)
+    if plan.kind == "histogram":
+        raise AuditError(
+            f"{plan.protocol} adds no Gaussian noise: its privacy knob is privacy.eps0 (the local "
+            "eps of one randomized response); cfree plan --method exact|paper shows the loss"
+        )
+    if not target_eps > 0 or not math.isfinite(target_eps):
+        raise AuditError(f"--target-eps must be a positive number, got {target_eps}")
+    off = ~np.eye(plan.n, dtype=bool)
+    F = None
+    if method == "exact":
+        walks = sampled_walks(cfg, plan)
+        F = np.stack([realised_factors(plan, walks, v) for v in range(plan.n)])
+
+    def at(sigma: float) -> tuple[float, dict, dict, dict]:
+        p = dataclasses.replace(plan, sigma=sigma)
+        u = units_of(p)
+        if F is not None:
+            cells = {(v, s): u.gaussian(F[v, s]) for v in range(p.n) for s in range(p.n) if v != s}
+            mean = u.gaussian(float(F[off].mean()))
+        else:
+            E, _ = paper_eps(p)
+            cells = {(v, s): u.eps_only(E[v, s]) for v in range(p.n) for s in range(p.n) if v != s}
+            mean = u.eps_only(float(E[off].mean()))
+        (v, s), worst = max(cells.items(), key=lambda kv: kv[1]["eps"])
+        worst = {"source": s, "observer": v, **worst}
+        eps = worst["eps"] if budget == "worst" else mean["eps"]
+        return eps, worst, mean, ldp_baseline(p)
+
+    lo, hi = 1e-6 * plan.sensitivity, 1e6 * plan.sensitivity
+    if at(hi)[0] > target_eps:
+        raise AuditError(f"no sigma up to {hi:g} reaches eps = {target_eps:g}")
+    if at(lo)[0] <= target_eps:
+        hi = lo
+    while hi / lo > 1 + 1e-9:
+        mid = math.sqrt(lo * hi)
+        if at(mid)[0] > target_eps:
+            lo = mid
+        else:
+            hi = mid
+    eps, worst, mean, ldp = at(hi)
+    return {
+        "protocol": plan.protocol,
+        "method": method,
+        "budget": budget,
+        "target_eps": target_eps,
+        "delta": plan.delta,
+        "sigma": hi,
+        "sensitivity": plan.sensitivity,
+        "steps": plan.hops,
+        "eps": eps,
+        "binding": worst if budget == "worst" else {"mean_over_pairs": True, **mean},
+        "worst_pair": worst,
+        "mean_over_pairs": mean,
+        "ldp": ldp,
+        "accounting": accounting_note(plan, planned=True),
+    }

@@ -427,36 +427,30 @@ def cmd_run(args) -> int:
 
 
 def _walk_against_simulator(cfg, plan, results: dict, streams) -> float | None:
-    """Add to every completed token its estimate, the simulator's token and what it estimates;
-    return max |peer - simulator| over the completed tokens (None if none completed)."""
-    from .protocols import walk as wk
+    """Add to every completed token the simulator's verdict on it (estimate, truth and error,
+    or test accuracy); return max |peer - simulator| over the completed tokens (None if none
+    completed). The truth is that of the fault-free walk: meaningful when the walk completed as
+    planned (a re-routed walk sums other contributions)."""
     from .sim import simulate_walk
 
     sim = simulate_walk(cfg, streams=streams)
+    ref = walk_outcomes(cfg, plan, sim.traces)
     diffs = []
-    task = None
-    if plan.kind == "sgd":
-        from .protocols import learning as lp
-
-        task = lp.make_task(cfg, plan.n)
     for t in results["tokens"]:
         if "final" not in t:
             continue
         trace = sim.traces[t["token"]]
-        final = np.asarray(t["final"], dtype=np.float64)
-        t["simulator_max_abs_diff"] = float(np.max(np.abs(final - trace.final)))
+        t["simulator_max_abs_diff"] = float(
+            np.max(np.abs(np.asarray(t["final"], dtype=np.float64) - trace.final))
+        )
         diffs.append(t["simulator_max_abs_diff"])
-        if task is not None:
-            ds, model = task.dataset, task.model
-            t["test_accuracy"] = model.accuracy(final, ds.X_test, ds.y_test)
-            t["test_loss"] = float(model.loss(final, ds.X_test, ds.y_test))
-        else:
-            est = wk.estimate(plan, final)
-            t["estimate"] = est.tolist()
-            t["truth"] = trace.truth.tolist()
-            # The truth of the fault-free walk: only meaningful when the walk completed as
-            # planned (a re-routed walk sums other contributions).
-            t["error"] = float(np.linalg.norm(est - trace.truth))
+        if t["simulator_max_abs_diff"] == 0:
+            keep = ("test_accuracy", "test_loss", "estimate", "truth", "error")
+            t.update({k: v for k, v in ref[t["token"]].items() if k in keep})
+        elif plan.kind == "sgd":  # a re-routed walk: its model is still a model to test
+            trace.final = np.asarray(t["final"], dtype=np.float64)
+            mine = walk_outcomes(cfg, plan, [trace])[0]
+            t.update(test_accuracy=mine["test_accuracy"], test_loss=mine["test_loss"])
     return max(diffs) if diffs else None
 
 
@@ -737,9 +731,10 @@ def _print_calibration(rep: dict) -> None:
     print(
         f"{rep['protocol']}: sigma = {rep['sigma']:.6g} meets eps <= {rep['target_eps']:g} at "
         f"delta = {rep['delta']:g} ({rep['method']} method, {rep['budget']} budget, "
-        f"sensitivity {rep['sensitivity']:g}, {rep['steps']} exchange steps)"
+        f"sensitivity {rep['sensitivity']:g}, {rep['steps']} "
+        f"{'hops' if rep['protocol'] in config_mod.WALK_PROTOCOLS else 'exchange steps'})"
     )
-    print(f"  {what}: rdp = {_fmt(b['rdp'])}, eps = {_fmt(b['eps'])}")
+    print(f"  {what}: rdp = {_fmt(b.get('rdp'))}, eps = {_fmt(b['eps'])}")
     w, m = rep["worst_pair"], rep["mean_over_pairs"]
     print(f"  worst pair {w['source']} -> {w['observer']}: eps = {_fmt(w['eps'])}")
     print(
@@ -786,6 +781,8 @@ def cmd_simulate(args) -> int:
         cfg = config_mod.load(args.config, args.set)
     if cfg.learning:
         return _simulate_learning(args, cfg, streams)
+    if cfg.walk:
+        return _simulate_walk(args, cfg, streams)
     r = simulate(cfg, streams=streams)
     out = {
         "n": r.plan.n,
@@ -807,6 +804,65 @@ def cmd_simulate(args) -> int:
         ]
         print(_table(["node", "final value", "|est - mean|"], rows))
         print("mean squared error by step: " + " ".join(_fmt(x) for x in r.history_mse))
+    return 0
+
+
+def walk_outcomes(cfg, plan, traces) -> list[dict]:
+    """Per token: where it ended, its final value, and what it is worth (|estimate - truth| for
+    sums and histograms, test accuracy and loss for models)."""
+    from .protocols import walk as wk
+
+    task = None
+    if plan.kind == "sgd":
+        from .protocols import learning as lp
+
+        task = lp.make_task(cfg, plan.n)
+    out = []
+    for t in traces:
+        row = {
+            "token": t.token,
+            "end": {"how": "completed", "at": t.holders[-1], "step": len(t.holders)},
+            "final": t.final.tolist(),
+            "contributions": int(np.sum(t.data)),
+        }
+        if task is not None:
+            ds, model = task.dataset, task.model
+            row["test_accuracy"] = model.accuracy(t.final, ds.X_test, ds.y_test)
+            row["test_loss"] = float(model.loss(t.final, ds.X_test, ds.y_test))
+        else:
+            est = wk.estimate(plan, t.final)
+            row.update(estimate=est.tolist(), truth=t.truth.tolist(),
+                       error=float(np.linalg.norm(est - t.truth)))  # fmt: skip
+        out.append(row)
+    return out
+
+
+def _simulate_walk(args, cfg, streams) -> int:
+    from .sim import simulate_walk
+
+    r = simulate_walk(cfg, streams=streams)
+    out = {
+        "protocol": cfg.protocol.name,
+        "n": r.plan.n,
+        "hops": r.plan.hops,
+        "tokens": walk_outcomes(cfg, r.plan, r.traces),
+    }
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"{out['protocol']}: n={out['n']}, {out['hops']} hops per token")
+    rows = []
+    for t in out["tokens"]:
+        if "test_accuracy" in t:
+            acc = "-" if t["test_accuracy"] is None else f"{t['test_accuracy']:.4f}"
+            what = f"test acc {acc}, test loss {_fmt(t['test_loss'])}"
+        else:
+            what = f"estimate {np.array2string(np.asarray(t['estimate']), precision=3)}, " + (
+                f"truth {np.array2string(np.asarray(t['truth']), precision=3)}, "
+                f"|error| {_fmt(t['error'])}"
+            )
+        rows.append([str(t["token"]), str(t["contributions"]), str(t["end"]["at"]), what])
+    print(_table(["token", "contributions", "ends at", "result"], rows))
     return 0
 
 
