@@ -60,3 +60,42 @@ def test_plan_for_the_papers_2048_node_hypercube():
         by_d.setdefault(x["distance"], set()).add(round(x["factor"], 9))
     assert all(len(s) == 1 for s in by_d.values())
     assert len(paper["losses"]) == 2047
+
+
+@pytest.mark.parametrize(
+    "example, extra",
+    [
+        ("ring-sum", []),  # 64 peers, 4 turns of the ring
+        ("ring-histogram", []),  # 64 peers, 2 turns
+        ("complete-sgd", ["protocol.tokens=2"]),  # 16 peers, two walks at once
+        ("walk-sgd", []),  # 16 peers on a hypercube
+    ],
+)
+def test_token_protocols_at_full_size_equal_the_simulator(tmp_path, example, extra):
+    from coordinator_free import audit_walk
+    from coordinator_free.protocols import make_plan
+
+    cfg = config.load(ROOT / "examples" / f"{example}.toml", extra)
+    plan = make_plan(cfg)
+    out = tmp_path / "run"
+    local.prepare_run_dir(cfg, out)
+    run = asyncio.run(local.launch_peers(cfg, out, show_progress=False, timeout_s=900))
+    assert not run.failed, [(o.node, o.error) for o in run.failed]
+    ref = sim.simulate_walk(cfg, streams=seeds.streams_of_run(out, plan.n))
+    res = local.collect_results(cfg, out)
+    for t, trace in zip(res["tokens"], ref.traces, strict=True):
+        assert t["end"]["how"] == "completed"
+        assert np.array_equal(np.asarray(t["final"]), trace.final)
+    integrity: list[dict] = []
+    walks, logged, fault_free = audit_walk.replay_walks(out, plan, integrity)
+    assert fault_free and integrity == [] and len(logged) == plan.n
+    for w, trace in zip(walks, ref.traces, strict=True):
+        assert w.holders.tolist() == trace.holders
+    rep = audit.audit_run(out)
+    assert rep["fault_free"] and rep["complete"]
+    if plan.ring:  # the ring's walk is public: the audit equals the plan, pair by pair
+        want = audit_walk.exact_losses(plan, audit_walk.sampled_walks(cfg, plan), range(plan.n))
+        for o in rep["observers"]:
+            for x in o["losses"]:
+                if x["method"] == "exact":
+                    assert x["eps"] == pytest.approx(want[o["observer"]][x["source"]]["eps"])

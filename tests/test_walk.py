@@ -118,6 +118,20 @@ def test_config_errors_name_the_key():
         cfg_of("complete-sum", "protocol.tokens=0")
 
 
+def test_calibration_round_trip():
+    cfg = cfg_of("complete-sum", "graph.nodes=8", "protocol.hops=80")
+    for method, budget in (("exact", "mean"), ("paper", "worst")):
+        rep = audit.calibrate(cfg, 3.0, method=method, budget=budget)
+        assert rep["eps"] == pytest.approx(3.0, rel=1e-6)
+        at = config.load(EXAMPLES / "complete-sum.toml",
+                         ["graph.nodes=8", "protocol.hops=80", f"privacy.sigma={rep['sigma']!r}"])  # fmt: skip
+        plan = audit.plan_report(at, source=None, method=method)
+        key = "mean_over_pairs" if budget == "mean" else "worst_pair"
+        assert plan[key]["eps"] == pytest.approx(3.0, rel=1e-6)
+    with pytest.raises(audit.AuditError, match="eps0"):
+        audit.calibrate(cfg_of("ring-histogram"), 3.0, method="exact", budget="worst")
+
+
 # ------------------------------------------------------------------------------ networked runs
 
 N = 5

@@ -512,6 +512,8 @@ def advanced_composition(eps: float, k: float, delta_prime: float) -> float:
     _check_delta(delta_prime, "delta_prime")
     if k < 0 or eps < 0:
         raise ValueError("k and eps must be >= 0")
+    if eps > 700:  # e^eps overflows; the bound is astronomically above basic composition anyway
+        return math.inf
     return float(math.sqrt(2.0 * k * math.log(1.0 / delta_prime)) * eps + k * eps * math.expm1(eps))
 
 
@@ -526,7 +528,7 @@ def advanced_composition_het(eps_list: Sequence[float], delta_prime: float) -> f
         raise ValueError("eps values must be >= 0")
     return float(
         math.sqrt(2.0 * math.log(1.0 / delta_prime) * float(np.sum(e * e)))
-        + float(np.sum(e * np.expm1(e)))
+        + float(np.sum(e * np.expm1(np.minimum(e, 700.0))) if np.all(e <= 700) else np.inf)
     )
 
 
@@ -754,6 +756,8 @@ def _small_cycle_eps(gamma_n: float, eps0: float) -> float:
     eps0 > 1 (outside the theorems' hypothesis) the subsampling value itself is used."""
     if eps0 <= 1.0:
         return 2.0 * gamma_n * eps0
+    if eps0 > 700:  # log1p(g (e^x - 1)) = x + log(g) + log(1 - e^-x + e^-x / g), the last ~ 0
+        return eps0 + math.log(gamma_n)
     return math.log1p(gamma_n * math.expm1(eps0))
 
 
