@@ -25,6 +25,7 @@ Two methods, as for gossip (same JSON shape):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -285,8 +286,13 @@ def exact_losses(plan: wk.WalkPlan, walks: list[RealisedWalk], observers) -> dic
             out[v] = [u.eps_only(E[src]) for src in range(plan.n)]
         else:
             F = realised_factors(plan, walks, v)
-            out[v] = [u.gaussian(F[src]) for src in range(plan.n)]
+            out[v] = [_gaussian_cached(u, float(F[src])) for src in range(plan.n)]
     return out
+
+
+@functools.lru_cache(maxsize=65536)
+def _gaussian_cached(u: WalkUnits, factor: float) -> dict:
+    return u.gaussian(factor)
 
 
 def plan_report(cfg: Config, plan: wk.WalkPlan, *, source: int | None, method: str) -> dict:
@@ -562,15 +568,14 @@ def calibrate(cfg: Config, target_eps: float, *, method: str, budget: str) -> di
     def at(sigma: float) -> tuple[float, dict, dict, dict]:
         p = dataclasses.replace(plan, sigma=sigma)
         u = units_of(p)
+        # eps grows with the factor, so the worst pair is the largest factor.
+        M = F if F is not None else paper_eps(p)[0]
+        v, s = np.unravel_index(int(np.argmax(np.where(off, M, -np.inf))), M.shape)
         if F is not None:
-            cells = {(v, s): u.gaussian(F[v, s]) for v in range(p.n) for s in range(p.n) if v != s}
-            mean = u.gaussian(float(F[off].mean()))
+            worst, mean = u.gaussian(F[v, s]), u.gaussian(float(F[off].mean()))
         else:
-            E, _ = paper_eps(p)
-            cells = {(v, s): u.eps_only(E[v, s]) for v in range(p.n) for s in range(p.n) if v != s}
-            mean = u.eps_only(float(E[off].mean()))
-        (v, s), worst = max(cells.items(), key=lambda kv: kv[1]["eps"])
-        worst = {"source": s, "observer": v, **worst}
+            worst, mean = u.eps_only(M[v, s]), u.eps_only(float(M[off].mean()))
+        worst = {"source": int(s), "observer": int(v), **worst}
         eps = worst["eps"] if budget == "worst" else mean["eps"]
         return eps, worst, mean, ldp_baseline(p)
 
