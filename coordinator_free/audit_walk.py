@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from . import graphs, seeds
+from .audit import Units
 from .config import Config
 from .privacy import walk as acct
 from .protocols import walk as wk
@@ -39,26 +40,16 @@ from .protocols import walk as wk
 METHODS = ("exact", "paper")
 
 
-@dataclass(frozen=True)
-class WalkUnits:
-    sigma: float
-    sensitivity: float
-    alpha: float
-    delta: float
+class WalkUnits(Units):
+    """The gossip units (factor -> rdp, eps) plus the records of eps-only bounds."""
 
     @property
     def rho(self) -> float:
-        return self.sensitivity**2 / (2.0 * self.sigma**2)
+        return self.ldp_rho
 
     def gaussian(self, factor: float) -> dict:
         """A linear RDP curve alpha * rho * factor: factor, rdp at alpha, eps at delta."""
-        from .privacy import rdp as rdp_mod
-
-        r = max(0.0, float(factor)) * self.rho
-        if not np.isfinite(r):
-            return {"factor": float(factor), "rdp": float("inf"), "eps": float("inf")}
-        eps = rdp_mod.eps_from_rho(r, self.delta)[0] if r > 0 else 0.0
-        return {"factor": float(factor), "rdp": self.alpha * r, "eps": eps}
+        return {"factor": float(factor), **self.loss(factor)}
 
     @staticmethod
     def eps_only(eps: float) -> dict:
@@ -66,7 +57,9 @@ class WalkUnits:
 
 
 def units_of(plan: wk.WalkPlan) -> WalkUnits:
-    return WalkUnits(plan.sigma, plan.sensitivity, plan.alpha, plan.delta)
+    return WalkUnits(
+        alpha=plan.alpha, delta=plan.delta, sensitivity=plan.sensitivity, sigma=plan.sigma
+    )
 
 
 # ------------------------------------------------------------------------------ realised walks

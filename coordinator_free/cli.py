@@ -454,20 +454,24 @@ def _walk_against_simulator(cfg, plan, results: dict, streams) -> float | None:
     return max(diffs) if diffs else None
 
 
+def _token_quality(t: dict) -> str:
+    """What a finished token is worth: test accuracy and loss, or its error."""
+    if "test_accuracy" in t:
+        acc = "-" if t["test_accuracy"] is None else f"{t['test_accuracy']:.4f}"
+        return f"test acc {acc}, test loss {_fmt(t['test_loss'])}"
+    if "error" in t:
+        est = np.array2string(np.asarray(t["estimate"]), precision=3)
+        return f"estimate {est}, |estimate - truth| = {_fmt(t['error'])}"
+    return "-"
+
+
 def _print_walk_summary(summary: dict) -> None:
     res = summary["results"]
     rows = []
     for t in res["tokens"]:
         e = t["end"]
         where = f"{e['how']} at node {e['at']}, step {e['step']}"
-        if "test_accuracy" in t:
-            acc = "-" if t["test_accuracy"] is None else f"{t['test_accuracy']:.4f}"
-            quality = f"test acc {acc}, test loss {_fmt(t['test_loss'])}"
-        elif "error" in t:
-            quality = f"|estimate - truth| = {_fmt(t['error'])}"
-        else:
-            quality = "-"
-        rows.append([str(t["token"]), where, quality])
+        rows.append([str(t["token"]), where, _token_quality(t)])
     print()
     print(_table(["token", "walk", "result"], rows))
     fin = [r for r in res["nodes"] if r["finished"]]
@@ -851,17 +855,10 @@ def _simulate_walk(args, cfg, streams) -> int:
         print(json.dumps(out, indent=1))
         return 0
     print(f"{out['protocol']}: n={out['n']}, {out['hops']} hops per token")
-    rows = []
-    for t in out["tokens"]:
-        if "test_accuracy" in t:
-            acc = "-" if t["test_accuracy"] is None else f"{t['test_accuracy']:.4f}"
-            what = f"test acc {acc}, test loss {_fmt(t['test_loss'])}"
-        else:
-            what = f"estimate {np.array2string(np.asarray(t['estimate']), precision=3)}, " + (
-                f"truth {np.array2string(np.asarray(t['truth']), precision=3)}, "
-                f"|error| {_fmt(t['error'])}"
-            )
-        rows.append([str(t["token"]), str(t["contributions"]), str(t["end"]["at"]), what])
+    rows = [
+        [str(t["token"]), str(t["contributions"]), str(t["end"]["at"]), _token_quality(t)]
+        for t in out["tokens"]
+    ]
     print(_table(["token", "contributions", "ends at", "result"], rows))
     return 0
 

@@ -227,6 +227,17 @@ def make_task(cfg: Config, n: int | None = None) -> LearningTask:
         raise ConfigError(f"{cfg.source}: [data]/[model]: {exc}") from None
 
 
+def check_frame(cfg: Config, task: LearningTask) -> None:
+    """A model travels in one frame: refuse a model larger than network.max_frame_bytes."""
+    need = 8 * task.model.dim + 4096
+    if need > cfg.network.max_frame_bytes:
+        raise ConfigError(
+            f"{cfg.source}: the {task.model.kind} model has {task.model.dim} parameters and needs "
+            f"frames of about {need} bytes but network.max_frame_bytes is "
+            f"{cfg.network.max_frame_bytes}; raise it"
+        )
+
+
 def make_plan(cfg: Config, graph: nx.Graph | None = None) -> LearningPlan:
     pr = cfg.protocol
     per_round: list[nx.Graph] = []
@@ -259,13 +270,8 @@ def make_plan(cfg: Config, graph: nx.Graph | None = None) -> LearningPlan:
         )
     gamma = graphs.chebyshev_gamma(lam) if accelerated else 1.0
     task = make_task(cfg, n)
-    need = 8 * task.model.dim + 4096
-    if pr.name != "central-dp" and need > cfg.network.max_frame_bytes:
-        raise ConfigError(
-            f"{cfg.source}: the {task.model.kind} model has {task.model.dim} parameters and needs "
-            f"frames of about {need} bytes but network.max_frame_bytes is "
-            f"{cfg.network.max_frame_bytes}; raise it"
-        )
+    if pr.name != "central-dp":
+        check_frame(cfg, task)
     return LearningPlan(
         protocol=pr.name,
         n=n,

@@ -209,12 +209,7 @@ def make_plan(cfg: Config, graph: nx.Graph | None = None) -> WalkPlan:
 
         task = lp.make_task(cfg, n)
         dim, model = task.model.dim, task.model.kind
-        need = 8 * dim + 4096
-        if need > cfg.network.max_frame_bytes:
-            raise ConfigError(
-                f"{cfg.source}: the {model} model has {dim} parameters and needs frames of about "
-                f"{need} bytes but network.max_frame_bytes is {cfg.network.max_frame_bytes}"
-            )
+        lp.check_frame(cfg, task)
     init = 0
     if pr.name == "ring-histogram":
         init = int(round(rr_gamma(cfg.privacy.eps0, cfg.data.levels) * n))
