@@ -761,6 +761,25 @@ def _budget_factor(F: np.ndarray, budget: str) -> tuple[float, int, int]:
     return float(F[off].mean()), -1, -1
 
 
+def smallest_sigma(eps_at, target_eps: float, sensitivity: float) -> float:
+    """The smallest sigma in [1e-6, 1e6] x sensitivity with ``eps_at(sigma) <= target_eps``
+    (eps decreasing in sigma), by bisection on log sigma to a relative 1e-9."""
+    import math
+
+    lo, hi = 1e-6 * sensitivity, 1e6 * sensitivity
+    if eps_at(hi) > target_eps:
+        raise AuditError(f"no sigma up to {hi:g} reaches eps = {target_eps:g}")
+    if eps_at(lo) <= target_eps:
+        return lo
+    while hi / lo > 1 + 1e-9:
+        mid = math.sqrt(lo * hi)
+        if eps_at(mid) > target_eps:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
 def calibrate(cfg: config_mod.Config, target_eps: float, *, method: str, budget: str) -> dict:
     """The smallest noise ``privacy.sigma`` whose (eps, delta) loss meets ``target_eps``, where
     the loss is that of the worst pair (``budget="worst"``: every pair is within the target) or
@@ -792,19 +811,7 @@ def calibrate(cfg: config_mod.Config, target_eps: float, *, method: str, budget:
         f, u, v = _budget_factor(cache[key], budget)
         return units_of(plan).loss(f)["eps"], plan, f, u, v
 
-    lo, hi = 1e-6 * cfg.sensitivity, 1e6 * cfg.sensitivity
-    if at(hi)[0] > target_eps:
-        raise AuditError(f"no sigma up to {hi:g} reaches eps = {target_eps:g}")
-    if at(lo)[0] <= target_eps:
-        hi = lo
-    for _ in range(200):
-        if hi / lo < 1 + 1e-9:
-            break
-        mid = math.sqrt(lo * hi)
-        if at(mid)[0] > target_eps:
-            lo = mid
-        else:
-            hi = mid
+    hi = smallest_sigma(lambda sigma: at(sigma)[0], target_eps, cfg.sensitivity)
     eps, plan, f, u, v = at(hi)
     F = cache[(plan.steps, getattr(plan, "gossip_steps", None))]
     worst_f, wu, wv = _budget_factor(F, "worst")

@@ -542,7 +542,7 @@ def calibrate(cfg: Config, target_eps: float, *, method: str, budget: str) -> di
     import dataclasses
     import math
 
-    from .audit import AuditError
+    from .audit import AuditError, smallest_sigma
 
     plan = wk.make_plan(cfg)
     if plan.kind == "histogram":
@@ -572,17 +572,7 @@ def calibrate(cfg: Config, target_eps: float, *, method: str, budget: str) -> di
         eps = worst["eps"] if budget == "worst" else mean["eps"]
         return eps, worst, mean, ldp_baseline(p)
 
-    lo, hi = 1e-6 * plan.sensitivity, 1e6 * plan.sensitivity
-    if at(hi)[0] > target_eps:
-        raise AuditError(f"no sigma up to {hi:g} reaches eps = {target_eps:g}")
-    if at(lo)[0] <= target_eps:
-        hi = lo
-    while hi / lo > 1 + 1e-9:
-        mid = math.sqrt(lo * hi)
-        if at(mid)[0] > target_eps:
-            lo = mid
-        else:
-            hi = mid
+    hi = smallest_sigma(lambda sigma: at(sigma)[0], target_eps, plan.sensitivity)
     eps, worst, mean, ldp = at(hi)
     return {
         "protocol": plan.protocol,
