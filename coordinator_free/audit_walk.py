@@ -211,8 +211,8 @@ def accounting_note(plan: wk.WalkPlan, *, planned: bool) -> str:
         "(linear Gaussian, exact)",
         "sgd": "'exact' is privacy amplification by iteration conditional on the walk (per "
         "window between the observer's sightings, the source's contributions in it counted "
-        "jointly; assumes contractive steps: convex smooth loss, step size <= 2/beta, clipping "
-        "inactive)",
+        "jointly; assumes contractive steps: a convex smooth loss of a linear model, step size <= "
+        "2/beta; per-example clipping keeps that for linear models)",
         "histogram": "'exact' is a shuffle bound per window conditional on the walk "
         "(Feldman-McMillan-Talwar, composed over windows)",
     }[plan.kind]
