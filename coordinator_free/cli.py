@@ -21,6 +21,8 @@ examples:
   cfree plan examples/muffliato-ring.toml --source 0 --method exact --json
   cfree audit runs/<run-dir> --observer 3
   cfree simulate examples/muffliato-ring.toml
+  cfree run examples/ring-sum.toml            # a token around a ring of 64 peers
+  cfree plan examples/walk-sgd.toml --method paper --target-eps 10 --budget mean
   cfree keygen --nodes 4 --out cluster/ --hosts 10.0.0.1:7000,10.0.0.2:7000,...
 
 Configuration keys are documented in docs/config.md; privacy quantities in docs/privacy.md.
@@ -110,8 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="pairwise privacy losses from public parameters only (before running)",
         description="Compute, from the config alone, the loss from a source node to every "
         "observer (the fault-free schedule). --method exact: the exact Rényi divergence of the "
-        "observer's whole view; --method paper: Eq. (6) of the Muffliato paper. Without --source, "
-        "a summary over all pairs by graph distance.",
+        "observer's whole view; --method paper: Eq. (6) of the Muffliato paper. Token protocols: "
+        "exact is the loss conditional on the walk (the ring's, or one walk sampled from the "
+        "public seed), paper the theorem of the protocol's paper with senders known. Without "
+        "--source, a summary over all pairs by graph distance.",
     )
     _add_config_args(p)
     p.add_argument("--source", type=int, help="source node u (default: summary over all pairs)")
