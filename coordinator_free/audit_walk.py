@@ -106,7 +106,7 @@ def realised_factors(plan: wk.WalkPlan, walks: list[RealisedWalk], v: int) -> np
     for w in walks:
         obs = observation_steps(w, v)
         if plan.kind == "sum":
-            var = np.array([plan.noise_var(s) for s in range(w.length)])
+            var = plan.noise_vars(w.length)
             F += acct.sum_factors(w.holders, w.data, var, obs, v, plan.n)
         else:
             F += acct.sgd_factors(w.holders, w.data, obs, v, plan.n)

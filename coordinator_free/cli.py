@@ -452,8 +452,11 @@ def _walk_against_simulator(cfg, plan, results: dict, streams) -> float | None:
             keep = ("test_accuracy", "test_loss", "estimate", "truth", "error")
             t.update({k: v for k, v in ref[t["token"]].items() if k in keep})
         elif plan.kind == "sgd":  # a re-routed walk: its model is still a model to test
-            trace.final = np.asarray(t["final"], dtype=np.float64)
-            mine = walk_outcomes(cfg, plan, [trace])[0]
+            import dataclasses
+
+            mine = walk_outcomes(
+                cfg, plan, [dataclasses.replace(trace, final=np.asarray(t["final"], dtype=float))]
+            )[0]
             t.update(test_accuracy=mine["test_accuracy"], test_loss=mine["test_loss"])
     return max(diffs) if diffs else None
 

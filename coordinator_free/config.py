@@ -379,6 +379,15 @@ def _positive_int(source: str, key: str, v: Any, minimum: int = 1) -> None:
         raise ConfigError(f"{source}: {key} must be an integer >= {minimum}, got {v!r}")
 
 
+def _int_or_auto(source: str, key: str, v: int | str, maximum: int) -> None:
+    """A count in 1..maximum, or the word "auto"."""
+    if isinstance(v, str):
+        if v != "auto":
+            raise ConfigError(f'{source}: {key} must be a positive integer or "auto", got {v!r}')
+    elif not 1 <= v <= maximum:
+        raise ConfigError(f"{source}: {key} must be in 1..{maximum}, got {v}")
+
+
 MAX_NODES = 1 << 16  # the plan keeps dense n x n matrices
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
@@ -437,13 +446,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"{s}: protocol.weights {pr.weights!r} unknown; choose one of {', '.join(WEIGHT_SCHEMES)}"
         )
-    if isinstance(pr.steps, str):
-        if pr.steps != "auto":
-            raise ConfigError(
-                f'{s}: protocol.steps must be a positive integer or "auto", got {pr.steps!r}'
-            )
-    elif pr.steps < 1 or pr.steps > 100_000:
-        raise ConfigError(f"{s}: protocol.steps must be in 1..100000, got {pr.steps}")
+    _int_or_auto(s, "protocol.steps", pr.steps, 100_000)
     if not pr.spread >= 0:
         raise ConfigError(f"{s}: protocol.spread must be >= 0")
     if not 0 <= pr.tick <= 3600:
@@ -540,14 +543,7 @@ def _validate_learning(cfg: Config) -> None:
         )
     if not 1 <= pr.rounds <= 100_000:
         raise ConfigError(f"{s}: protocol.rounds must be in 1..100000, got {pr.rounds}")
-    if isinstance(pr.gossip_steps, str):
-        if pr.gossip_steps != "auto":
-            raise ConfigError(
-                f'{s}: protocol.gossip_steps must be a positive integer or "auto", '
-                f"got {pr.gossip_steps!r}"
-            )
-    elif not 1 <= pr.gossip_steps <= 10_000:
-        raise ConfigError(f"{s}: protocol.gossip_steps must be in 1..10000, got {pr.gossip_steps}")
+    _int_or_auto(s, "protocol.gossip_steps", pr.gossip_steps, 10_000)
     if not 0 < pr.step_size <= 1e6:
         raise ConfigError(f"{s}: protocol.step_size must be in (0, 1e6], got {pr.step_size}")
     if not 0 <= pr.batch_size <= 10_000_000:
@@ -623,13 +619,7 @@ def _validate_walk(cfg: Config) -> None:
         )
     if not 1 <= pr.cycles <= 10_000:
         raise ConfigError(f"{s}: protocol.cycles must be in 1..10000, got {pr.cycles}")
-    if isinstance(pr.hops, str):
-        if pr.hops != "auto":
-            raise ConfigError(
-                f'{s}: protocol.hops must be a positive integer or "auto", got {pr.hops!r}'
-            )
-    elif not 1 <= pr.hops <= 1_000_000:
-        raise ConfigError(f"{s}: protocol.hops must be in 1..1000000, got {pr.hops}")
+    _int_or_auto(s, "protocol.hops", pr.hops, 1_000_000)
     if pr.name.startswith("ring-") and pr.hops != "auto":
         raise ConfigError(
             f"{s}: a ring token makes protocol.cycles turns of n hops; protocol.hops is for the "

@@ -251,16 +251,12 @@ async def run_peer(
         run_s = time.monotonic() - t_run
         await engine.finish()
         missed, late = engine.missed, engine.late
-        stats = net.stats
         result = PeerResult(
             node=node_id,
             estimate=[float(v) for v in current],
             steps=plan.steps,
             elapsed_s=run_s,
-            bytes_sent=int(sum(s.bytes_sent for s in stats.values())),
-            bytes_received=int(sum(s.bytes_received for s in stats.values())),
-            messages_sent=int(sum(s.frames_sent for s in stats.values())),
-            messages_received=int(sum(s.frames_received for s in stats.values())),
+            **traffic(net),
             missed=missed,
             late=late,
         )
@@ -271,9 +267,7 @@ async def run_peer(
             tmp_models = final_models.with_suffix(".tmp.npy")
             np.save(tmp_models, np.stack(models), allow_pickle=False)
             tmp_models.replace(final_models)
-        tmp = results_dir / f"node-{node_id}.json.tmp"
-        tmp.write_text(json.dumps(result.to_json(), indent=1))
-        tmp.replace(results_dir / f"node-{node_id}.json")
+        write_result(out_dir, result)
         progress.emit(event="finished", node=node_id, elapsed_s=time.monotonic() - t_start)
         return result
     finally:
@@ -292,16 +286,12 @@ async def _run_walk(cfg, plan, net, vlog, node_id, own, progress, out_dir, t_sta
     bound = (plan.hops * plan.tokens + 2) * deadline * 4 + 60.0
     outcome = await engine.run(bound)
     run_s = time.monotonic() - t_run
-    stats = net.stats
     result = PeerResult(
         node=node_id,
         estimate=[],
         steps=outcome.steps_made,
         elapsed_s=run_s,
-        bytes_sent=int(sum(s.bytes_sent for s in stats.values())),
-        bytes_received=int(sum(s.bytes_received for s in stats.values())),
-        messages_sent=int(sum(s.frames_sent for s in stats.values())),
-        messages_received=int(sum(s.frames_received for s in stats.values())),
+        **traffic(net),
         missed=outcome.reroutes,
         walks={
             "ended": {str(j): e for j, e in outcome.ended.items()},
@@ -309,10 +299,7 @@ async def _run_walk(cfg, plan, net, vlog, node_id, own, progress, out_dir, t_sta
         },
     )
     vlog.write("finished", steps=outcome.steps_made, reroutes=len(outcome.reroutes))
-    results_dir = out_dir / "results"
-    tmp = results_dir / f"node-{node_id}.json.tmp"
-    tmp.write_text(json.dumps(result.to_json(), indent=1))
-    tmp.replace(results_dir / f"node-{node_id}.json")
+    write_result(out_dir, result)
     progress.emit(event="finished", node=node_id, elapsed_s=time.monotonic() - t_start)
     return result
 
@@ -435,36 +422,66 @@ class _StepEngine:
     async def finish(self) -> None:
         """Tell neighbours we are done, then wait (bounded) for theirs, so a normal end is never
         mistaken for a crash. Values still arriving are logged as late."""
+
+        def late(peer: int, m: Message) -> None:
+            if (
+                m.kind == "value"
+                and m.payload is not None
+                and 0 <= m.step < self.steps
+                and peer in self.partners_at(m.step)
+            ):
+                self.late += 1
+                self._log_value("late", m.step, peer, np.array(m.payload), now=self.steps)
+
         live = [w for w in self.neighbours if w not in self.down]
-        done = Message(kind="done", round=0, step=self.steps)
+        await say_goodbye(self.net, live, self.finished, self.deadline, self.steps, late)
 
-        async def say_done(w: int) -> None:
-            try:
-                await self.net.send(w, done, timeout=self.deadline)
-            except (ConnectionError, OSError):
-                pass
 
-        await asyncio.gather(*(say_done(w) for w in live))
-        pending = {w for w in live if w not in self.finished}
-        end = time.monotonic() + self.deadline
-        while pending and time.monotonic() < end:
-            ev = await self.net.next_event(end - time.monotonic())
-            if ev is None:
-                break
-            if isinstance(ev, PeerDown):
+async def say_goodbye(net, live, finished, deadline: float, step: int, on_message) -> None:
+    """The end of a node's run: send "done" to every live neighbour, then wait (one deadline at
+    most) for the "done" of those that have not said it yet, so a normal end is never mistaken
+    for a crash. Any other message arriving meanwhile goes to ``on_message(peer, message)``."""
+    done = Message(kind="done", round=0, step=step)
+
+    async def say_done(w: int) -> None:
+        try:
+            await net.send(w, done, timeout=deadline)
+        except (ConnectionError, OSError):
+            pass
+
+    await asyncio.gather(*(say_done(w) for w in live))
+    pending = {w for w in live if w not in finished}
+    end = time.monotonic() + deadline
+    while pending and time.monotonic() < end:
+        ev = await net.next_event(end - time.monotonic())
+        if ev is None:
+            break
+        if isinstance(ev, PeerDown):
+            pending.discard(ev.peer)
+        elif isinstance(ev, Inbound):
+            if ev.message.kind == "done":
                 pending.discard(ev.peer)
-            elif isinstance(ev, Inbound):
-                m = ev.message
-                if m.kind == "done":
-                    pending.discard(ev.peer)
-                elif (
-                    m.kind == "value"
-                    and m.payload is not None
-                    and 0 <= m.step < self.steps
-                    and ev.peer in self.partners_at(m.step)
-                ):
-                    self.late += 1
-                    self._log_value("late", m.step, ev.peer, np.array(m.payload), now=self.steps)
+            else:
+                on_message(ev.peer, ev.message)
+
+
+def traffic(net) -> dict:
+    """A node's traffic counters over all its channels (the PeerResult fields)."""
+    stats = net.stats.values()
+    return {
+        "bytes_sent": int(sum(s.bytes_sent for s in stats)),
+        "bytes_received": int(sum(s.bytes_received for s in stats)),
+        "messages_sent": int(sum(s.frames_sent for s in stats)),
+        "messages_received": int(sum(s.frames_received for s in stats)),
+    }
+
+
+def write_result(out_dir: Path, result: PeerResult) -> None:
+    """results/node-<id>.json, written to a temporary file and renamed into place."""
+    final = out_dir / "results" / f"node-{result.node}.json"
+    tmp = final.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result.to_json(), indent=1))
+    tmp.replace(final)
 
 
 def peer_main(args) -> int:

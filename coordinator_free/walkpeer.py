@@ -318,21 +318,13 @@ class TokenEngine:
         )
 
     async def _finish(self) -> None:
-        """Say done to every neighbour and wait (bounded) for theirs, forwarding late walk-ends."""
-        done = Message(kind="done", round=0, step=0)
+        """Say done to every neighbour and wait (bounded) for theirs."""
+        from .peer import say_goodbye
+
+        def after_end(peer: int, m: Message) -> None:
+            if m.kind == "token":
+                # A walk that has ended everywhere cannot go on: log what we saw, refuse it.
+                self.vlog.write("token-after-end", token=m.round, peer=peer)
+
         live = [w for w in self.neighbours if w not in self.down]
-        await asyncio.gather(*(self._send(w, done) for w in live))
-        pending = {w for w in live if w not in self.finished_peers}
-        end = time.monotonic() + self.deadline
-        while pending and time.monotonic() < end:
-            ev = await self.net.next_event(end - time.monotonic())
-            if ev is None:
-                break
-            if isinstance(ev, PeerDown):
-                pending.discard(ev.peer)
-            elif isinstance(ev, Inbound):
-                if ev.message.kind == "done":
-                    pending.discard(ev.peer)
-                elif ev.message.kind == "token":
-                    # A walk that has ended everywhere cannot go on: log what we saw, refuse it.
-                    self.vlog.write("token-after-end", token=ev.message.round, peer=ev.peer)
+        await say_goodbye(self.net, live, self.finished_peers, self.deadline, 0, after_end)

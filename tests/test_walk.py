@@ -41,6 +41,13 @@ def test_ring_noise_schedule_hides_every_window():
         plan = make_plan(cfg)
         noisy = [s for s in range(plan.hops) if plan.noise_var(s) > 0]
         assert len(noisy) == math.ceil(K * n / (n - 1))
+        want = [plan.noise_var(s) for s in range(plan.hops)]
+        assert plan.noise_vars(plan.hops).tolist() == want
+        spread = make_plan(config.load(EXAMPLES / "ring-sum.toml", [
+            f"graph.nodes={n}", f"protocol.cycles={K}", "protocol.distributed_noise=true"]))  # fmt: skip
+        assert spread.noise_vars(spread.hops).tolist() == [
+            1.0 if s == 0 else 1.0 / (n - 1) for s in range(spread.hops)
+        ]
         for s in range(plan.hops - n + 1):
             assert any(plan.noise_var(t) > 0 for t in range(s + 1, s + n)), (n, K, s)
 

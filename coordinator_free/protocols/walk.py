@@ -132,6 +132,15 @@ class WalkPlan(mf.GraphRows):
             return 1.0 if s % (self.n - 1) == 0 else 0.0
         return 1.0
 
+    def noise_vars(self, length: int) -> np.ndarray:
+        """:meth:`noise_var` of steps 0..length-1, as an array."""
+        s = np.arange(length)
+        if self.protocol == "ring-sum":
+            if self.distributed_noise:
+                return np.where(s == 0, 1.0, 1.0 / (self.n - 1))
+            return np.where(s % (self.n - 1) == 0, 1.0, 0.0)
+        return np.ones(length)
+
     def contributes(self, k: int) -> bool:
         """Whether a holder that has contributed k times to this token adds its data again."""
         return self.cap == 0 or k < self.cap
