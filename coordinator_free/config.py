@@ -22,7 +22,7 @@ from .learning.datasets import DATASET_KINDS  # numpy only; scikit-learn is impo
 #: Private averaging (one noisy value per node, then gossip).
 AVERAGING_PROTOCOLS = ("muffliato", "randomized-gossip")
 #: Private learning from per-node data shards (docs/config.md, docs/learning.md).
-LEARNING_PROTOCOLS = ("muffliato-gd", "muffliato-sgd", "dsgd", "central-dp")
+LEARNING_PROTOCOLS = ("muffliato-gd", "muffliato-sgd", "dsgd", "central-dp", "decor")
 #: Token forwarding: a token (a running sum, a histogram, a model) walks the graph
 #: (docs/config.md, docs/privacy.md §10).
 WALK_PROTOCOLS = (
@@ -40,7 +40,7 @@ VALUE_KINDS = ("uniform", "gaussian", "bernoulli")
 #: Per-node categorical values for the histogram protocols.
 CATEGORY_KINDS = ("categorical",)
 DATA_KINDS = VALUE_KINDS + CATEGORY_KINDS + DATASET_KINDS
-PARTITIONS = ("iid", "dirichlet", "fixed")
+PARTITIONS = ("iid", "dirichlet", "fixed", "ordered")
 #: Graph kinds that graph.resample can draw afresh every round.
 RESAMPLE_KINDS = ("erdos_renyi", "geometric")
 MODEL_KINDS = ("auto", "logistic", "multinomial", "least-squares", "ridge")
@@ -86,6 +86,9 @@ class ProtocolSection:
     step_size: float = 0.5
     batch_size: int = 0
     clip: float = 1.0
+    # "example": clip every per-example gradient, then average; "batch": clip the batch's mean
+    # gradient (user-level clipping, as in the DECOR paper). Both bound one node's change by 2C.
+    clipping: str = "example"
     # Token forwarding (ring-*, complete-*, walk-sgd).
     cycles: int = 1  # ring protocols: K full turns of the ring
     hops: int | str = "auto"  # complete-* and walk-sgd: token steps per token
@@ -134,6 +137,11 @@ class PrivacySection:
     delta: float = 1e-5
     # Histogram protocols: the local eps of one randomized response.
     eps0: float = 1.0
+    # decor: the std of the pairwise-cancelling correlated noise (sigma is the independent
+    # noise, sigma_cdp in the paper) and the collusion level q the guarantee is stated for
+    # (0: an external eavesdropper; 1: curious users who see every message).
+    sigma_cor: float = 0.0
+    collusion: int = 0
 
 
 @dataclass(frozen=True)
@@ -208,7 +216,7 @@ class Config:
         g = self.graph
         if g.kind in ("ring", "path", "complete", "star", "erdos_renyi", "geometric"):
             return int(g.nodes)
-        if g.kind == "grid":
+        if g.kind in ("grid", "torus"):
             return int(g.rows) * int(g.cols)
         if g.kind == "hypercube":
             return 2 ** int(g.dim)
@@ -409,11 +417,16 @@ def validate(cfg: Config) -> None:
         )
     if g.kind in ("ring", "path", "complete", "star", "erdos_renyi", "geometric"):
         _positive_int(s, "graph.nodes", g.nodes, 3 if g.kind == "ring" else 2)
-    if g.kind == "grid":
+    if g.kind in ("grid", "torus"):
         _positive_int(s, "graph.rows", g.rows)
         _positive_int(s, "graph.cols", g.cols)
         if g.rows * g.cols < 2:
             raise ConfigError(f"{s}: a grid needs rows*cols >= 2")
+        if g.kind == "torus" and min(g.rows, g.cols) < 3:
+            raise ConfigError(
+                f"{s}: a torus needs graph.rows and graph.cols >= 3 (got {g.rows}x{g.cols}); "
+                "with 2 the wrap-around edge repeats an edge of the grid"
+            )
     if g.kind == "hypercube":
         _positive_int(s, "graph.dim", g.dim)
         if g.dim > 16:
@@ -430,7 +443,7 @@ def validate(cfg: Config) -> None:
     if g.kind in ("ring", "path", "complete", "star", "erdos_renyi", "geometric"):
         if g.nodes > MAX_NODES:
             raise ConfigError(f"{s}: graph.nodes {g.nodes} is above the limit {MAX_NODES}")
-    if g.kind == "grid" and g.rows * g.cols > MAX_NODES:
+    if g.kind in ("grid", "torus") and g.rows * g.cols > MAX_NODES:
         raise ConfigError(f"{s}: a {g.rows}x{g.cols} grid is above the limit of {MAX_NODES} nodes")
     if g.resample and g.kind not in RESAMPLE_KINDS:
         raise ConfigError(
@@ -507,6 +520,16 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"{s}: network.host must not be empty")
     if not 0 < pv.eps0 <= 50:
         raise ConfigError(f"{s}: privacy.eps0 must be in (0, 50], got {pv.eps0}")
+    if pr.name != "decor" and (pv.sigma_cor or pv.collusion):
+        raise ConfigError(
+            f"{s}: privacy.sigma_cor and privacy.collusion belong to protocol decor; protocol "
+            f"{pr.name!r} has no correlated noise (remove them or set them to 0)"
+        )
+    if pr.clipping != "example" and not cfg.learning:
+        raise ConfigError(
+            f"{s}: protocol.clipping applies to the learning protocols "
+            f"({', '.join(LEARNING_PROTOCOLS)}) only"
+        )
     if cfg.learning:
         _validate_learning(cfg)
         return
@@ -530,6 +553,30 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"{s}: data.dim {d.dim} needs frames of about {need} bytes but "
             f"network.max_frame_bytes is {nw.max_frame_bytes}; raise it or lower data.dim"
+        )
+
+
+CLIPPINGS = ("example", "batch")
+
+
+def _validate_decor(cfg: Config) -> None:
+    s, pv = cfg.source, cfg.privacy
+    if not 0 <= pv.sigma_cor < 1e150:
+        raise ConfigError(f"{s}: privacy.sigma_cor must be in [0, 1e150), got {pv.sigma_cor}")
+    if cfg.graph.resample:
+        raise ConfigError(
+            f"{s}: decor keeps one pair secret per edge for the whole run: graph.resample is "
+            "not supported (use a fixed graph)"
+        )
+    n = cfg.graph_n() if cfg.graph.kind != "edgelist" else None
+    if isinstance(pv.collusion, bool) or not isinstance(pv.collusion, int) or pv.collusion < 0:
+        raise ConfigError(
+            f"{s}: privacy.collusion must be an integer >= 0 (0: an external eavesdropper, "
+            f"1: curious users), got {pv.collusion!r}"
+        )
+    if n is not None and pv.collusion > n - 2:
+        raise ConfigError(
+            f"{s}: privacy.collusion {pv.collusion} leaves fewer than 2 honest nodes of {n}"
         )
 
 
@@ -560,6 +607,18 @@ def _validate_learning(cfg: Config) -> None:
         )
     if not 0 < pr.clip < 1e150:
         raise ConfigError(f"{s}: protocol.clip must be > 0 (the per-example L2 clipping norm C)")
+    if pr.clipping not in CLIPPINGS:
+        raise ConfigError(
+            f"{s}: protocol.clipping {pr.clipping!r} unknown; choose one of {', '.join(CLIPPINGS)} "
+            "(clip every example's gradient, or the batch's mean gradient)"
+        )
+    if d.kind == "quadratic" and d.partition != "ordered":
+        raise ConfigError(
+            f'{s}: data.kind = "quadratic" gives node v its own quadratic (rows v*dim..): set '
+            f'data.partition = "ordered" (got {d.partition!r})'
+        )
+    if pr.name == "decor":
+        _validate_decor(cfg)
     if d.kind in ("csv", "libsvm"):
         if not d.path:
             raise ConfigError(f'{s}: data.path is required for data.kind = "{d.kind}"')

@@ -19,6 +19,7 @@ GRAPH_KINDS = (
     "complete",
     "star",
     "grid",
+    "torus",
     "hypercube",
     "erdos_renyi",
     "geometric",
@@ -64,6 +65,8 @@ def build_graph(
         g = nx.star_graph(nodes - 1)
     elif kind == "grid":
         g = _relabel(nx.grid_2d_graph(rows, cols))
+    elif kind == "torus":  # the grid with wrap-around edges (every node has degree 4)
+        g = _relabel(nx.grid_2d_graph(rows, cols, periodic=True))
     elif kind == "hypercube":
         g = _relabel(nx.hypercube_graph(dim))
     elif kind in ("erdos_renyi", "geometric"):

@@ -235,9 +235,19 @@ async def run_peer(
             theta = task.model.init()
             models.append(theta)
             K = plan.gossip_steps
+            dec = None
+            if plan.protocol == "decor":
+                from .decorpeer import DecorNode
+
+                dec = DecorNode(plan, node_id, own, vlog)
+                engine.handlers.update(decor_drop=dec.on_drop, decor_pub=dec.on_late_key)
+                await dec.exchange(net, neighbours, cfg.network.connect_timeout_s, engine)
             for r in range(plan.rounds):
-                thetahat = lp.local_step(plan, task, node_id, r, theta, own)
+                corr = dec.term(r) if dec is not None else None
+                thetahat = lp.local_step(plan, task, node_id, r, theta, own, corr)
                 theta = await gossip(r * K, K, thetahat)
+                if dec is not None:
+                    await dec.after_round(r, engine, net, deadline)
                 models.append(theta)
             current = theta
         else:
@@ -329,6 +339,11 @@ class _StepEngine:
         self.buffered: dict[tuple[int, int], np.ndarray] = {}  # (step, peer) -> value
         self.missed: list[dict] = []
         self.late = 0
+        # Protocol messages other than values (kind -> handler(peer, message)), e.g. decor's.
+        self.handlers: dict = {}
+        # peer -> the latest step of which a value arrived from it (on time, early or late):
+        # a neighbour that is late but still sending is alive and progressing.
+        self.heard: dict[int, int] = {}
 
     def _log_value(self, kind: str, step: int, peer: int, value: np.ndarray, **extra) -> None:
         fields = {"digest": digest(value), "nbytes": value.nbytes, **extra}
@@ -394,7 +409,15 @@ class _StepEngine:
                 self.vlog.write("miss", step=t, peer=w, reason=reason)
         return got
 
+    def stash(self, peer: int, m: Message, shape) -> None:
+        """A message that arrived before the first step (e.g. during a seed exchange): values
+        are kept for their step, other kinds go to their handler."""
+        self._inbound(-1, peer, m, shape, {})
+
     def _inbound(self, t: int, peer: int, m: Message, shape, got: dict) -> None:
+        if m.kind in self.handlers:
+            self.handlers[m.kind](peer, m)
+            return
         if m.kind == "done":
             self.finished.add(peer)
             self.vlog.write("peer-done", step=t, peer=peer, at=m.step)
@@ -405,9 +428,12 @@ class _StepEngine:
         value = np.array(m.payload, dtype=np.float64)  # own copy, writable
         if not 0 <= m.step < self.steps:
             self.vlog.write("bad-message", step=t, peer=peer, kind="beyond-last-step", at=m.step)
-        elif peer not in self.partners_at(m.step):
+            return
+        if peer not in self.partners_at(m.step):
             self.vlog.write("bad-message", step=t, peer=peer, kind="not-a-partner", at=m.step)
-        elif m.step < t:
+            return
+        self.heard[peer] = max(m.step, self.heard.get(peer, -1))
+        if m.step < t:
             self.late += 1
             self._log_value("late", m.step, peer, value, now=t)
         elif (m.step == t and peer in got) or (m.step, peer) in self.buffered:

@@ -63,6 +63,18 @@ class NodeSecretStreams:
         self._run_id = bytes(run_id)
         self.node = node
 
+    @property
+    def run_id(self) -> bytes:
+        return self._run_id
+
+    def derive(self, info: bytes) -> bytes:
+        """32 bytes of key material for another purpose of this node's run (HKDF-SHA256 of the
+        private key with the run id as salt and ``info`` as context): e.g. the node's X25519
+        key for a protocol's pairwise seed exchange."""
+        return HKDF(
+            algorithm=hashes.SHA256(), length=32, salt=self._run_id, info=bytes(info)
+        ).derive(self._ikm)
+
     def stream(self, purpose: int, node: int, round_: int = 0) -> np.random.Generator:
         if node != self.node:
             raise ValueError(f"node {self.node}'s key cannot seed node {node}'s streams")
@@ -84,6 +96,9 @@ class PerNodeStreams:
 
     def stream(self, purpose: int, node: int, round_: int = 0) -> np.random.Generator:
         return self._by_node[node].stream(purpose, node, round_)
+
+    def node(self, v: int) -> NodeSecretStreams:
+        return self._by_node[v]
 
 
 def streams_of_run(run_dir, n: int) -> PerNodeStreams:

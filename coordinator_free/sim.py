@@ -90,13 +90,18 @@ class LearningSimResult:
     plan: object  # protocols.learning.LearningPlan
     models: np.ndarray  # (rounds + 1, n, dim): every node's model after each round (central: n=1)
     metrics: list[dict]  # protocols.learning.round_metrics per round (0..R)
+    # decor with keep_correlated: every node's correlated-noise term per round,
+    # (rounds, n, dim); None otherwise.
+    correlated: np.ndarray | None = None
 
     @property
     def finals(self) -> np.ndarray:
         return self.models[-1]
 
 
-def simulate_learning(cfg: Config, streams: seeds.Streams | None = None) -> LearningSimResult:
+def simulate_learning(
+    cfg: Config, streams: seeds.Streams | None = None, *, keep_correlated: bool = False
+) -> LearningSimResult:
     """Run a learning protocol in one process with the peers' exact update order: each node's
     local step, then K gossip steps with the terms in increasing node-id order, so a fault-free
     networked run gives bit-identical models (given the same streams)."""
@@ -105,6 +110,7 @@ def simulate_learning(cfg: Config, streams: seeds.Streams | None = None) -> Lear
     plan = lp.make_plan(cfg)
     task = lp.make_task(cfg, plan.n)
     streams = streams if streams is not None else seeds.PublicSeedStreams(cfg.run.seed)
+    kept: list[np.ndarray] = []
     if not plan.decentralized:
         theta = task.model.init()
         history = [theta[None, :]]
@@ -115,9 +121,15 @@ def simulate_learning(cfg: Config, streams: seeds.Streams | None = None) -> Lear
         n = plan.n
         thetas = [task.model.init() for _ in range(n)]
         history = [np.stack(thetas)]
+        corr = _decor_terms(plan, streams) if plan.protocol == "decor" else None
         for r in range(plan.rounds):
             rows = [plan.row_at(v, r * plan.gossip_steps) for v in range(n)]
-            current = [lp.local_step(plan, task, v, r, thetas[v], streams) for v in range(n)]
+            terms = [None if corr is None else corr(r, v) for v in range(n)]
+            if keep_correlated and corr is not None:
+                kept.append(np.stack(terms))
+            current = [
+                lp.local_step(plan, task, v, r, thetas[v], streams, terms[v]) for v in range(n)
+            ]
             previous: list[np.ndarray | None] = [None] * n
             for k in range(plan.gossip_steps):
                 g = plan.gamma_at(r * plan.gossip_steps + k)
@@ -126,7 +138,31 @@ def simulate_learning(cfg: Config, streams: seeds.Streams | None = None) -> Lear
             history.append(np.stack(thetas))
     models = np.stack(history)
     metrics = [lp.round_metrics(task, r, models[r]) for r in range(models.shape[0])]
-    return LearningSimResult(plan=plan, models=models, metrics=metrics)
+    correlated = np.stack(kept) if kept else None
+    return LearningSimResult(plan=plan, models=models, metrics=metrics, correlated=correlated)
+
+
+def _decor_terms(plan, streams):
+    """decor's correlated term of node v in round r, every pair active (the fault-free run)."""
+    from .protocols import decor
+
+    pairs = decor.PairSecrets.of_streams(streams, plan.graph.edges())
+    memo: dict[tuple[int, int, int], np.ndarray] = {}  # (round, lo, hi) -> z, used by both ends
+
+    def z_of(r: int, a: int, b: int) -> np.ndarray:
+        key = (r, min(a, b), max(a, b))
+        z = memo.pop(key, None)  # the second end takes it and frees it
+        if z is None:
+            z = decor.edge_noise(
+                pairs.secret(a, b), pairs.run_id, a, b, r, plan.dim, plan.sigma_cor
+            )
+            memo[key] = z
+        return z
+
+    def term(r: int, v: int) -> np.ndarray:
+        return decor.correlated_noise(v, plan.neighbours(v), lambda j: z_of(r, v, j), plan.dim)
+
+    return term
 
 
 @dataclass

@@ -34,7 +34,7 @@ def test_overrides_are_parsed_as_toml_values():
         ("grph.nodes=3", "unknown section [grph]"),
         ("graph.nodes=true", "graph.nodes must be int"),
         ("graph.nodes=2", "graph.nodes must be an integer >= 3"),
-        ("graph.kind=torus", "graph.kind 'torus' unknown"),
+        ("graph.kind=moebius", "graph.kind 'moebius' unknown"),
         ("protocol.steps=0", "protocol.steps must be in 1..100000"),
         ("protocol.steps=soon", 'protocol.steps must be a positive integer or "auto"'),
         ("protocol.weights=hamilton", "protocol.weights 'hamilton' unknown"),

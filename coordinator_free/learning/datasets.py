@@ -9,7 +9,14 @@ the way the decentralized-DP papers do it). The pipeline, in order:
    ``y = x . theta* + e`` with ``e ~ N(0, label_noise^2)``. ``breast_cancer`` (2 classes),
    ``digits`` (10) and ``wine`` (3) come from ``sklearn.datasets.load_*``, which read files
    shipped inside scikit-learn: nothing is ever downloaded. ``csv`` and ``libsvm`` read a file
-   (formats below).
+   (formats below). ``quadratic`` is the heterogeneous least-squares task of the DECOR paper
+   (§5.2): node ``i`` (0-based) holds ``f_i(x) = ||A_i x - b_i||^2 / 2`` with
+   ``A_i = (i + 1)/sqrt(n) I_d`` and ``b_i ~ N(0, zeta/(i + 1)^2 I_d)`` (``d = features``,
+   ``zeta = label_noise``), written as ``d`` rows per node, row ``k`` being
+   ``(sqrt(d) (i + 1)/sqrt(n) e_k, sqrt(d) b_ik)`` so that the mean squared-error loss over a
+   node's rows is exactly ``f_i``. It needs the number of nodes, is used as generated (no
+   split: the test set is the training set, since the task's metric is the objective itself;
+   no standardising, normalising or intercept) and goes with ``partition = "ordered"``.
 2. **Split.** A deterministic train/test split with ``test_fraction`` of the points in the test
    set; for classification it is stratified: each class ``c`` with ``n_c`` points sends
    ``floor(test_fraction * n_c + 1/2)`` of them (at most ``n_c - 1``) to the test set. Both index
@@ -63,6 +70,7 @@ import numpy as np
 DATASET_KINDS = (
     "synthetic-logistic",
     "synthetic-lstsq",
+    "quadratic",
     "breast_cancer",
     "digits",
     "wine",
@@ -74,7 +82,7 @@ TASKS = ("classification", "regression")
 
 _FILE_KINDS = ("csv", "libsvm")
 _SKLEARN_KINDS = ("breast_cancer", "digits", "wine")
-_REGRESSION_KINDS = ("synthetic-lstsq",)
+_REGRESSION_KINDS = ("synthetic-lstsq", "quadratic")
 
 # spawn keys of the per-purpose random streams (see the module docstring)
 STREAM_SYNTHETIC = 1
@@ -144,6 +152,7 @@ def load_dataset(
     intercept: bool = True,
     label_column: int = -1,
     task: str = "classification",
+    nodes: int | None = None,
 ) -> Dataset:
     """Load, split and preprocess a dataset (see the module docstring for every step).
 
@@ -164,6 +173,8 @@ def load_dataset(
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
 
     name = kind
+    if kind == "quadratic":
+        return _quadratic(seed, nodes, features, label_noise)
     if kind in _FILE_KINDS:
         if path is None:
             raise DataError(f"dataset kind {kind!r} needs a path to the data file")
@@ -242,6 +253,32 @@ def _synthetic(
         raise ValueError(f"label_noise is a noise std for synthetic-lstsq, got {label_noise}")
     y = score + label_noise * rng.standard_normal(samples)
     return X, y, 0
+
+
+def _quadratic(seed: int, nodes: int | None, features: int, zeta: float) -> Dataset:
+    if not isinstance(nodes, (int, np.integer)) or isinstance(nodes, bool) or nodes < 1:
+        raise ValueError(f"quadratic needs the number of nodes (an integer >= 1), got {nodes!r}")
+    if isinstance(features, bool) or not isinstance(features, (int, np.integer)) or features < 1:
+        raise ValueError(f"features must be an integer >= 1, got {features!r}")
+    if not isinstance(zeta, (int, float)) or not math.isfinite(zeta) or zeta < 0:
+        raise ValueError(f"label_noise is the variance zeta >= 0 for quadratic, got {zeta!r}")
+    rng = rng_for(seed, STREAM_SYNTHETIC)
+    d, n = int(features), int(nodes)
+    root_d = math.sqrt(d)
+    X = np.zeros((n * d, d))
+    y = np.zeros(n * d)
+    for i in range(n):
+        b = rng.standard_normal(d) * (math.sqrt(zeta) / (i + 1))
+        X[i * d : (i + 1) * d] = np.eye(d) * (root_d * (i + 1) / math.sqrt(n))
+        y[i * d : (i + 1) * d] = root_d * b
+    return Dataset(
+        name=f"quadratic(n={n},d={d})",
+        X_train=np.ascontiguousarray(X),
+        y_train=y,
+        X_test=X.copy(),
+        y_test=y.copy(),
+        n_classes=0,
+    )
 
 
 def _load_sklearn(kind: str) -> tuple[np.ndarray, np.ndarray]:

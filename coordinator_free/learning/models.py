@@ -319,3 +319,16 @@ def clipped_mean_grad(
     if G.shape[0] == 0:
         raise ValueError("clipped_mean_grad: empty batch")
     return clip_rows(G, clip).mean(axis=0)
+
+
+def clipped_batch_grad(
+    model: Model, theta: np.ndarray, X: np.ndarray, y: np.ndarray, clip: float
+) -> np.ndarray:
+    """``clip((1/b) sum_i grad l_i(theta))``: the batch's mean gradient clipped to norm ``clip``
+    as one vector (user-level clipping). The result has norm ``<= clip``, so one node's whole
+    batch replaced moves it by at most ``2 clip``, as with per-example clipping, but a node's
+    examples can pull against each other before the clip."""
+    G = model.per_example_grads(theta, X, y)
+    if G.shape[0] == 0:
+        raise ValueError("clipped_batch_grad: empty batch")
+    return clip_rows(G.mean(axis=0)[None, :], clip)[0]

@@ -22,6 +22,8 @@ Schemes:
   point chosen uniformly at random (from the stream) from the currently largest node (lowest id
   on ties). That node has at least 2 points since ``m >= n_nodes``. Regression data
   (``n_classes == 0``) is refused: there are no labels to skew.
+* ``ordered``: contiguous blocks in the dataset's order, node v gets block v (``np.array_split``
+  of ``0..m-1``): for data whose rows already belong to nodes, such as ``quadratic``.
 * ``fixed``: exactly ``per_node`` distinct random points per node, disjoint across nodes (the
   first ``n_nodes * per_node`` entries of a random permutation); the remaining points are unused.
 
@@ -35,7 +37,7 @@ import math
 
 import numpy as np
 
-PARTITION_SCHEMES = ("iid", "dirichlet", "fixed")
+PARTITION_SCHEMES = ("iid", "dirichlet", "fixed", "ordered")
 
 STREAM_PARTITION = 3
 DIRICHLET_MAX_TRIES = 100
@@ -82,6 +84,8 @@ def partition(
 
     if scheme == "iid":
         parts = np.array_split(rng.permutation(m), n_nodes)
+    elif scheme == "ordered":
+        parts = np.array_split(np.arange(m), n_nodes)
     elif scheme == "fixed":
         if per_node is None or not _is_int(per_node) or per_node < 1:
             raise ValueError(f"scheme 'fixed' needs per_node, an integer >= 1, got {per_node!r}")

@@ -69,6 +69,9 @@ ALLOWED_KINDS: frozenset[str] = frozenset(
         "token_abort",
         "token_fwd",
         "walk_end",
+        # decor seed exchange and pair drops (coordinator_free/decorpeer.py)
+        "decor_pub",
+        "decor_drop",
     }
 )
 

@@ -11,6 +11,8 @@ Every node v holds a shard of a dataset and a model ``theta_v`` (all start at 0)
 * ``muffliato-gd``: the batch is v's whole shard (Algorithm 3 with GD), K from the config.
 * ``muffliato-sgd``: a minibatch of ``batch_size`` points drawn from v's own secret stream.
 * ``dsgd``: D-SGD with local DP, the baseline: one plain gossip step per round (K = 1).
+* ``decor``: D-SGD whose noise is ``eta_v^r`` plus pairwise-cancelling correlated noise from
+  secrets shared by neighbours (:mod:`.decor`), one gossip step per round.
 * ``central-dp``: the trusted curator: one model, ``theta -= nu ((sum_v g_v + N(0, sigma^2 I))/n
   + l2 theta)``. The curator's noise on the *sum* has the same std as one node's noise in the
   decentralized protocols, so at equal sigma every user has the same per-round loss (one Gaussian
@@ -77,6 +79,9 @@ class LearningPlan(mf.GraphRows):
     sensitivity: float
     alpha: float
     delta: float
+    clipping: str = "example"
+    sigma_cor: float = 0.0  # decor: std of the correlated noise (per pair, per round)
+    collusion: int = 0  # decor: the collusion level the guarantee is stated for
     # Time-varying graphs (graph.resample): round r's graph and gossip matrix. ``graph`` is then
     # the union of the rounds' graphs (every pair that ever talks) and ``W`` round 0's matrix.
     round_graphs: tuple[nx.Graph, ...] = ()
@@ -140,6 +145,9 @@ class LearningPlan(mf.GraphRows):
             "sensitivity": self.sensitivity,
             "alpha": self.alpha,
             "delta": self.delta,
+            "clipping": self.clipping,
+            "sigma_cor": self.sigma_cor,
+            "collusion": self.collusion,
             "resample": self.time_varying,
             "graphs": graphs_digest(self.round_graphs) if self.time_varying else None,
         }
@@ -194,6 +202,7 @@ def _task(d: DataSection, m: ModelSection, seed: int, n: int) -> LearningTask:
         intercept=d.intercept,
         label_column=d.label_column,
         task=d.task,
+        nodes=n,
     )
     shards = split_shards(
         ds.y_train,
@@ -257,7 +266,7 @@ def make_plan(cfg: Config, graph: nx.Graph | None = None) -> LearningPlan:
         W = graphs.gossip_matrix(g, pr.weights)
         lam = graphs.spectral_gap(W)
     n = g.number_of_nodes()
-    if pr.name == "dsgd":
+    if pr.name in ("dsgd", "decor"):
         accelerated, K = False, 1
     elif pr.name == "central-dp":
         accelerated, K = False, 0
@@ -291,6 +300,9 @@ def make_plan(cfg: Config, graph: nx.Graph | None = None) -> LearningPlan:
         sensitivity=cfg.sensitivity,
         alpha=cfg.privacy.alpha,
         delta=cfg.privacy.delta,
+        clipping=pr.clipping,
+        sigma_cor=cfg.privacy.sigma_cor,
+        collusion=cfg.privacy.collusion,
         round_graphs=tuple(per_round),
         round_W=tuple(per_round_w),
     )
@@ -312,6 +324,14 @@ def gradient_noise(plan: LearningPlan, v: int, round_: int, streams: seeds.Strea
     return streams.stream(seeds.PURPOSE_NOISE, v, round_).normal(0.0, plan.sigma, size=plan.dim)
 
 
+def clipped_grad(plan: LearningPlan, task: LearningTask, theta, X, y) -> np.ndarray:
+    """The batch gradient with the plan's clipping: per example then averaged, or the batch
+    mean clipped as one vector. Norm at most C either way."""
+    if plan.clipping == "batch":
+        return models.clipped_batch_grad(task.model, theta, X, y, plan.clip)
+    return models.clipped_mean_grad(task.model, theta, X, y, plan.clip)
+
+
 def local_step(
     plan: LearningPlan,
     task: LearningTask,
@@ -319,12 +339,15 @@ def local_step(
     round_: int,
     theta: np.ndarray,
     streams: seeds.Streams,
+    correlated: np.ndarray | None = None,
 ) -> np.ndarray:
-    """thetahat_v = theta_v - nu (clipped mean gradient + noise + l2 theta_v): the only value a
-    node sends that depends on its data, always noised."""
+    """thetahat_v = theta_v - nu (clipped gradient + noise [+ correlated noise] + l2 theta_v):
+    the only value a node sends that depends on its data, always noised."""
     X, y = batch(plan, task, v, round_, streams)
-    g = models.clipped_mean_grad(task.model, theta, X, y, plan.clip)
+    g = clipped_grad(plan, task, theta, X, y)
     eta = gradient_noise(plan, v, round_, streams)
+    if correlated is not None:
+        eta = eta + correlated
     return theta - plan.step_size * (g + eta + task.model.regulariser_grad(theta))
 
 
@@ -340,7 +363,7 @@ def central_step(
     total = np.zeros(plan.dim)
     for v in range(plan.n):
         X, y = batch(plan, task, v, round_, streams)
-        total = total + models.clipped_mean_grad(task.model, theta, X, y, plan.clip)
+        total = total + clipped_grad(plan, task, theta, X, y)
     noise = streams.stream(seeds.PURPOSE_NOISE, 0, round_).normal(0.0, plan.sigma, size=plan.dim)
     return theta - plan.step_size * ((total + noise) / plan.n + task.model.regulariser_grad(theta))
 
