@@ -240,6 +240,10 @@ def plan_report(cfg: config_mod.Config, *, source: int | None, method: str) -> d
         from . import audit_walk
 
         return audit_walk.plan_report(cfg, plan, source=source, method=method)
+    if cfg.protocol.name == "decor":
+        from . import audit_decor
+
+        return audit_decor.plan_report(cfg, plan, source=source, method=method)
     u = units_of(plan)
     base = {
         "alpha": plan.alpha,
@@ -559,6 +563,10 @@ def audit_run(run_dir: str | Path, *, observers: list[int] | None = None) -> dic
         from . import audit_walk
 
         return audit_walk.audit_run(run_dir, cfg, plan, observers)
+    if cfg.protocol.name == "decor":
+        from . import audit_decor
+
+        return audit_decor.audit_run(run_dir, cfg, plan, observers)
     if isinstance(plan, lp.LearningPlan) and not plan.decentralized:
         return _central_audit(run_dir, plan, observers)
     rp = replay(run_dir, plan)
@@ -780,7 +788,9 @@ def smallest_sigma(eps_at, target_eps: float, sensitivity: float) -> float:
     return hi
 
 
-def calibrate(cfg: config_mod.Config, target_eps: float, *, method: str, budget: str) -> dict:
+def calibrate(
+    cfg: config_mod.Config, target_eps: float, *, method: str, budget: str, decor_pair: str = "mid"
+) -> dict:
     """The smallest noise ``privacy.sigma`` whose (eps, delta) loss meets ``target_eps``, where
     the loss is that of the worst pair (``budget="worst"``: every pair is within the target) or
     of the mean over pairs (``budget="mean"``, the Muffliato paper's summary, not a guarantee).
@@ -800,6 +810,10 @@ def calibrate(cfg: config_mod.Config, target_eps: float, *, method: str, budget:
         from . import audit_walk
 
         return audit_walk.calibrate(cfg, target_eps, method=method, budget=budget)
+    if cfg.protocol.name == "decor":
+        from . import audit_decor
+
+        return audit_decor.calibrate(cfg, target_eps, which=decor_pair)
     cache: dict[tuple, np.ndarray] = {}
 
     def at(sigma: float):

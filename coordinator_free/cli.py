@@ -23,6 +23,7 @@ examples:
   cfree simulate examples/muffliato-ring.toml
   cfree run examples/ring-sum.toml            # a token around a ring of 64 peers
   cfree plan examples/walk-sgd.toml --method paper --target-eps 10 --budget mean
+  cfree plan examples/decor-ring.toml --target-eps 10   # (sigma, sigma_cor) for DECOR
   cfree keygen --nodes 4 --out cluster/ --hosts 10.0.0.1:7000,10.0.0.2:7000,...
 
 Configuration keys are documented in docs/config.md; privacy quantities in docs/privacy.md.
@@ -114,8 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
         "observer (the fault-free schedule). --method exact: the exact Rényi divergence of the "
         "observer's whole view; --method paper: Eq. (6) of the Muffliato paper. Token protocols: "
         "exact is the loss conditional on the walk (the ring's, or one walk sampled from the "
-        "public seed), paper the theorem of the protocol's paper with senders known. Without "
-        "--source, a summary over all pairs by graph distance.",
+        "public seed), paper the theorem of the protocol's paper with senders known. decor: the "
+        "SecLDP guarantee at privacy.collusion (exact: Algorithms 2/3 of the DECOR paper; paper: "
+        "its closed form) and the pairwise losses to curious users. Without --source, a summary "
+        "over all pairs by graph distance.",
     )
     _add_config_args(p)
     p.add_argument("--source", type=int, help="source node u (default: summary over all pairs)")
@@ -133,6 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="worst",
         help="with --target-eps: 'worst' (default) bounds every pair; 'mean' bounds the mean "
         "loss over pairs (the Muffliato paper's summary, not a guarantee for any pair)",
+    )
+    p.add_argument(
+        "--pair",
+        choices=["low", "mid", "high"],
+        default="mid",
+        help="decor with --target-eps: which of the (sigma, sigma_cor) pairs that meet the "
+        "target to use: the smallest sigma (largest sigma_cor), the middle of the grid "
+        "(default) or the largest sigma (sigma_cor near 0, local DP); all are listed in --json",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -261,6 +272,13 @@ def _print_plan(rep: dict) -> None:
     print(f"LDP baseline: rdp={_fmt(rep['ldp']['rdp'])}  eps={_fmt(rep['ldp']['eps'])}")
     if rep.get("accounting"):
         print(f"accounting: {rep['accounting']}")
+    if "secldp" in rep:
+        print(f"sigma_cor={rep['sigma_cor']:g}  Gamma_W={_fmt(rep['gamma_w'])}")
+        _print_secldp(rep)
+        if rep.get("pairwise", True) is None:
+            print("(no pairwise table above 256 nodes)")
+            return
+        print("pairwise, observer = a curious user:")
     if rep.get("private_graph_bound"):
         pg = rep["private_graph_bound"]
         print(
@@ -321,6 +339,13 @@ def _print_audit(rep: dict) -> None:
         f"audit of {rep['run_dir']}: n={n} steps={rep['steps']} fault-free={rep['fault_free']} "
         f"alpha={rep['alpha']} delta={rep['delta']:g}  (LDP eps={_fmt(rep['ldp']['eps'])})"
     )
+    if "secldp" in rep:
+        _print_secldp(rep)
+        rp = rep["secldp"]["realised_pairs"]
+        print(
+            f"pairs whose noise cancelled: {rp['matched_pairs_min']}..{rp['matched_pairs_max']} "
+            "per round; pairwise below: observer = a curious user"
+        )
     observers = [o["observer"] for o in rep["observers"]]
     for method in ("exact", "paper"):
         obs, cells = _audit_matrix(rep, method)
@@ -707,6 +732,9 @@ def _print_audit_compact(audit: dict) -> None:
         f"LDP would be eps={_fmt(audit['ldp']['eps'])}):"
     )
     print(_table(["dist", "pairs", "exact mean", "exact max", "paper mean", "paper max"], rows))
+    if "secldp" in audit:
+        print("(observer = a curious user who sees every message)")
+        _print_secldp(audit)
     if audit["integrity"]:
         print(f"integrity findings: {len(audit['integrity'])} (see cfree audit)")
 
@@ -727,12 +755,47 @@ def cmd_plan(args) -> int:
     if args.target_eps is not None:
         if args.source is not None:
             raise CliError("--target-eps calibrates over all pairs; drop --source")
-        rep = calibrate(cfg, args.target_eps, method=args.method, budget=args.budget)
+        rep = calibrate(
+            cfg, args.target_eps, method=args.method, budget=args.budget, decor_pair=args.pair
+        )
         return _emit(args, rep, _print_calibration)
     return _emit(args, plan_report(cfg, source=args.source, method=args.method), _print_plan)
 
 
+def _print_secldp(rep: dict) -> None:
+    s = rep["secldp"]
+    e, p = s["exact"], s["paper"]
+    print(
+        f"SecLDP against {s['adversary']} (a_{s['collusion']} = {_fmt(s['algebraic_connectivity'])}):"
+        f"  exact eps = {_fmt(e['eps'])} (worst node {e['worst_node']}; paper's conversion "
+        f"{_fmt(e['eps_paper'])}, Gaussian {_fmt(e['eps_gdp'])})  closed form eps = "
+        f"{_fmt(p['eps'])} (paper's conversion {_fmt(p['eps_paper'])})"
+    )
+
+
+def _print_decor_calibration(rep: dict) -> None:
+    print(
+        f"decor: sigma = {rep['sigma']:.6g}, sigma_cor = {rep['sigma_cor']:.6g} ({rep['choice']} "
+        f"of {len(rep['pairs'])} pairs) meet eps <= {rep['target_eps']:g} at delta = "
+        f"{rep['delta']:g} over {rep['rounds']} rounds, {rep['budget']}"
+    )
+    print(
+        f"  sigma ranges over ({rep['sigma_cdp_floor']:.6g}, {rep['sigma_ldp']:.6g}]: central-DP "
+        "noise per node at the floor, local DP at the top"
+    )
+    for k in ("low", "mid", "high"):
+        x = rep[k]
+        print(f"  {k:>4}: sigma = {x['sigma_cdp']:.6g}, sigma_cor = {x['sigma_cor']:.6g}")
+    _print_secldp(rep)
+    print(
+        f"use it: --set privacy.sigma={rep['sigma']:.6g} --set privacy.sigma_cor={rep['sigma_cor']:.6g}"
+    )
+
+
 def _print_calibration(rep: dict) -> None:
+    if rep["protocol"] == "decor":
+        _print_decor_calibration(rep)
+        return
     b = rep["binding"]
     what = (
         f"binding pair {b['source']} -> {b['observer']}"

@@ -99,3 +99,32 @@ def test_token_protocols_at_full_size_equal_the_simulator(tmp_path, example, ext
             for x in o["losses"]:
                 if x["method"] == "exact":
                     assert x["eps"] == pytest.approx(want[o["observer"]][x["source"]]["eps"])
+
+
+@pytest.mark.parametrize(
+    "graph",
+    [
+        ["graph.kind=torus", "graph.rows=4", "graph.cols=4"],
+        ["graph.kind=complete", "graph.nodes=16"],
+    ],
+)
+def test_decor_16_peers_equal_the_simulator_and_audit_equals_plan(tmp_path, graph):
+    """DECOR at the paper's size: 16 peers, 200 rounds, real seed exchange; every model equals
+    the simulator's, and the audit of the logs equals the plan (eavesdropper and curious users)."""
+    out = tmp_path / "decor16"
+    ex = ROOT / "examples" / "decor-ring.toml"
+    over = [*graph, "protocol.rounds=200", "privacy.collusion=1"]
+    cfg = config.load(ex, over)
+    local.prepare_run_dir(cfg, out)
+    run = asyncio.run(local.launch_peers(cfg, out, show_progress=False, timeout_s=600))
+    assert not run.failed, run.failed
+    ref = sim.simulate_learning(cfg, streams=seeds.streams_of_run(out, 16))
+    for v in range(16):
+        assert np.array_equal(np.load(out / "results" / f"node-{v}.models.npy"), ref.models[:, v])
+    rep = audit.audit_run(out)
+    want = audit.plan_report(cfg, source=None, method="exact")
+    assert rep["fault_free"] and rep["complete"]
+    for m in ("exact", "paper"):
+        assert rep["secldp"][m]["eps"] == pytest.approx(want["secldp"][m]["eps"], rel=1e-9)
+    exact = [x["factor"] for o in rep["observers"] for x in o["losses"] if x["method"] == "exact"]
+    assert max(exact) == pytest.approx(want["worst_pair"]["factor"], rel=1e-9)

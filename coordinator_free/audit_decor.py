@@ -1,0 +1,454 @@
+"""Planning and auditing of ``decor``: the SecLDP accountant on the planned or realised pairs.
+
+Two views of every run (docs/privacy.md §11):
+
+* **The guarantee at the configured collusion level q** (``secldp``): every user's loss against
+  any coalition of q users who pool their pair secrets and see *every* message (q = 0: an
+  external eavesdropper). ``exact`` is ``(Delta^2/2) [Sigma_H^{-1}]_ii`` per round (Algorithms
+  2/3 of the DECOR paper), worst over the coalitions, summed over rounds; ``paper`` is the
+  closed form of Theorems 1/6 with the algebraic connectivity a_q. Both convert to (eps, delta)
+  with the improved RDP conversion, and the paper's conversion is printed next to it.
+* **Pairwise losses** (the table every protocol has): observer v is a curious user (Q = {v}, it
+  sees every message and knows its own pair secrets), source u any other user; the same
+  accountant. In units of one round of local DP at sigma, like every other protocol.
+
+``plan`` assumes every pair is active in every round. ``audit`` rebuilds each round from the
+logs: which nodes published a value (a send in its log, or a receipt in a neighbour's), which
+pair terms each node added (its ``decor-noise`` record) and whether both ends of a pair used
+the same secret (equal commitments). A node whose log is missing or lacks a round's record is
+treated as a colluder for that round (the adversary is given its secrets): a stronger adversary,
+so the audit stays an upper bound.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+
+from . import graphs
+from .audit import AuditError, ldp_baseline, read_logs, summarise, units_of
+from .config import Config
+from .privacy import decor as dacct
+from .privacy import rdp
+
+#: Largest n for the pairwise (curious-user) table: one eigendecomposition per observer.
+PAIRWISE_MAX_N = 256
+
+
+def accounting_note(plan) -> str:
+    return (
+        "decor: SecLDP (user level; the adversary sees every message and knows the pair secrets "
+        "of its coalition). 'exact' is (Delta^2/2)[Sigma_H^-1]_ii per round with Sigma_H = "
+        "sigma^2 I + sigma_cor^2 L_H (Algorithms 2/3), 'paper' the closed form of Theorems 1/6 "
+        "with the algebraic connectivity; rounds compose additively in RDP. Pairwise losses: "
+        "observer v is a curious user (collusion level 1, Q = {v})"
+    )
+
+
+def secldp_block(plan, rho_exact: np.ndarray, rho_paper: float, a_q: float) -> dict:
+    """The guarantee at collusion level q: the worst user, with the three conversions."""
+    worst = int(np.argmax(rho_exact))
+    return {
+        "collusion": plan.collusion,
+        "adversary": "external eavesdropper"
+        if plan.collusion == 0
+        else f"any {plan.collusion} colluding user(s) seeing every message",
+        "algebraic_connectivity": a_q,
+        "exact": {"worst_node": worst, **dacct.conversions(float(rho_exact[worst]), plan.delta)},
+        "paper": dacct.conversions(float(rho_paper), plan.delta),
+        "per_node_eps": [rdp.eps_from_rho(float(r), plan.delta)[0] for r in np.asarray(rho_exact)],
+    }
+
+
+def plan_pairwise(plan, method: str, curious: dacct.SpectralGraph | None = None) -> np.ndarray:
+    """F[v, u]: user u against the curious user v over the whole run, in units of one round of
+    local DP. ``curious``: the graph's collusion-1 SpectralGraph, if already built."""
+    n, R = plan.n, plan.rounds
+    if n > PAIRWISE_MAX_N:
+        raise AuditError(
+            f"the pairwise decor table needs one eigendecomposition per observer; n = {n} is "
+            f"above {PAIRWISE_MAX_N} (the SecLDP guarantee is still computed)"
+        )
+    if method == "exact":
+        sg = curious if curious is not None else dacct.SpectralGraph(plan.graph, collusion=1)
+        F = sg.pairwise_rho(plan.sigma, plan.sigma_cor, plan.sensitivity)
+    else:
+        F = np.zeros((n, n))
+        for v in range(n):
+            rest = plan.graph.subgraph([u for u in range(n) if u != v])
+            a = _lambda2(rest)
+            F[v, :] = dacct.closed_form_rho(n - 1, a, plan.sigma, plan.sigma_cor, plan.sensitivity)
+        np.fill_diagonal(F, 0.0)
+    return R * F / units_of(plan).ldp_rho
+
+
+def _lambda2(g: nx.Graph) -> float:
+    """Algebraic connectivity of g (any node labels); 0 if disconnected or a single node."""
+    if g.number_of_nodes() < 2 or not nx.is_connected(g):
+        return 0.0
+    relabelled = nx.convert_node_labels_to_integers(g, ordering="sorted")
+    return dacct.algebraic_connectivity(relabelled, 0)
+
+
+def plan_report(cfg: Config, plan, *, source: int | None, method: str) -> dict:
+    q, R = plan.collusion, plan.rounds
+    try:
+        if plan.n <= PAIRWISE_MAX_N:
+            sg = dacct.SpectralGraph(plan.graph, collusion=q)
+            rho_exact = R * sg.step_rho(plan.sigma, plan.sigma_cor, plan.sensitivity)
+        else:
+            rho_exact = R * dacct.graph_step_rho(
+                plan.graph, plan.sigma, plan.sigma_cor, plan.sensitivity, collusion=q
+            )
+        a_q = dacct.algebraic_connectivity(plan.graph, q)
+    except dacct.TooManyCoalitions as exc:
+        raise AuditError(str(exc)) from None
+    rho_paper = R * dacct.closed_form_rho(
+        plan.n, a_q, plan.sigma, plan.sigma_cor, plan.sensitivity, q
+    )
+    u = units_of(plan)
+    base = {
+        "alpha": plan.alpha,
+        "delta": plan.delta,
+        "method": method,
+        "protocol": plan.protocol,
+        "n": plan.n,
+        "steps": plan.steps,
+        "rounds": R,
+        "gossip_steps": 1,
+        "accelerated": False,
+        "spectral_gap": plan.spectral_gap,
+        "sigma": plan.sigma,
+        "sigma_cor": plan.sigma_cor,
+        "collusion": q,
+        "sensitivity": plan.sensitivity,
+        "ldp": ldp_baseline(plan),
+        "gamma_w": dacct.gamma_w(plan.W, plan.graph),
+        "secldp": secldp_block(plan, rho_exact, rho_paper, a_q),
+        "accounting": accounting_note(plan),
+    }
+    if plan.n > PAIRWISE_MAX_N:
+        return {**base, "source": source, "pairwise": None}
+    F = plan_pairwise(plan, method, sg if q == 1 else None)
+    if source is not None:
+        if not 0 <= source < plan.n:
+            raise AuditError(f"--source {source} is not a node id (0..{plan.n - 1})")
+        dist = graphs.distances_from(plan.graph, source)
+        losses = [
+            {"observer": v, "distance": int(dist[v]), "factor": float(F[v, source]),
+             **u.loss(float(F[v, source]))}
+            for v in range(plan.n)
+            if v != source
+        ]  # fmt: skip
+        return {**base, "source": source, "losses": losses}
+    return {**base, "source": None, **summarise(plan, F, u)}
+
+
+# ---------------------------------------------------------------------------------------- audit
+
+
+class RealisedRounds:
+    """What the logs say about every round: published nodes, the terms each node added, pairs
+    whose two ends used different secrets, and nodes whose record is missing."""
+
+    def __init__(self, n: int, rounds: int):
+        self.n, self.rounds = n, rounds
+        self.published: list[set[int]] = [set() for _ in range(rounds)]
+        self.added: list[dict[int, tuple[int, ...]]] = [{} for _ in range(rounds)]
+        self.commits: list[dict[tuple[int, int], str]] = [{} for _ in range(rounds)]
+        self.unknown: list[set[int]] = [set() for _ in range(rounds)]
+        self.unmatched: list[set[frozenset]] = [set() for _ in range(rounds)]
+
+    def matched(self, r: int) -> list[tuple[int, int]]:
+        """Pairs (v < j) whose two ends both added their term with the same secret in round r."""
+        return [
+            (v, j)
+            for v, peers in self.added[r].items()
+            for j in peers
+            if v < j
+            and v in self.added[r].get(j, ())
+            and frozenset((v, j)) not in self.unmatched[r]
+        ]
+
+    def structure(self, r: int) -> tuple:
+        """A hashable summary of round r (equal summaries give equal losses)."""
+        return (
+            frozenset(self.published[r]),
+            tuple(sorted((v, p) for v, p in self.added[r].items() if v in self.published[r])),
+            frozenset(self.unmatched[r]),
+            frozenset(self.unknown[r]),
+        )
+
+
+def replay_rounds(run_dir: Path, plan, integrity: list[dict], notes: list[dict]):
+    n, R = plan.n, plan.rounds
+    rr = RealisedRounds(n, R)
+    logs = read_logs(run_dir, plan, integrity)
+    for v, vl in logs.items():
+        for rec in vl.records:
+            k = rec["k"]
+            if k == "send" and 0 <= rec.get("step", -1) < R:
+                rr.published[rec["step"]].add(v)
+            elif k in ("recv", "late") and 0 <= rec.get("step", -1) < R:
+                peer = rec.get("peer")
+                if isinstance(peer, int) and 0 <= peer < n:
+                    rr.published[rec["step"]].add(peer)
+            elif k == "decor-noise" and 0 <= rec.get("round", -1) < R:
+                r = rec["round"]
+                peers = tuple(int(p) for p in rec.get("peers", []))
+                rr.added[r][v] = peers
+                for j, c in zip(peers, rec.get("commits", []), strict=False):
+                    rr.commits[r][(v, j)] = c
+    for r in range(R):
+        for v in rr.published[r]:
+            if v not in rr.added[r]:
+                # Published, but we do not know which terms it added: give its secrets away.
+                rr.unknown[r].add(v)
+        for v, peers in rr.added[r].items():
+            for j in peers:
+                if v < j and j in rr.added[r] and v in rr.added[r][j]:
+                    a, b = rr.commits[r].get((v, j)), rr.commits[r].get((j, v))
+                    if a != b:
+                        rr.unmatched[r].add(frozenset((v, j)))
+                        notes.append(
+                            {
+                                "round": r,
+                                "kind": "pair-mismatch",
+                                "message": f"round {r}: nodes {v} and {j} logged different "
+                                "commitments for their pair: their terms do not cancel (counted "
+                                "as independent noise)",
+                            }
+                        )
+    missing = sorted(set(range(n)) - set(logs))
+    for v in missing:
+        for r in range(R):
+            rr.unknown[r].add(v)
+    one_sided = sum(
+        1
+        for r in range(R)
+        for v, peers in rr.added[r].items()
+        for j in peers
+        if v in rr.published[r] and not (j in rr.published[r] and v in rr.added[r].get(j, ()))
+    )
+    if one_sided:
+        notes.append(
+            {
+                "kind": "one-sided-terms",
+                "message": f"{one_sided} pair term(s) were added by one end only (a neighbour "
+                "gone or a pair dropped mid-run): noise that did not cancel, counted as noise of "
+                "that node only",
+            }
+        )
+    return rr, logs
+
+
+def _over_rounds(plan, rr: RealisedRounds, coalitions, cache: dict, method: str, round_fn):
+    """Per (coalition, node) rho summed over the rounds, shape (len(coalitions), n); 0 where the
+    node colludes or did not publish. ``round_fn(r)`` returns ``fill(colluders, row)``, which
+    writes round r's rho into ``row``; rounds of equal structure are computed once."""
+    out = np.zeros((len(coalitions), plan.n))
+    tag = (method, tuple(coalitions))
+    for r in range(rr.rounds):
+        key = (tag, rr.structure(r))
+        if key not in cache:
+            per = np.zeros((len(coalitions), plan.n))
+            fill = round_fn(r)
+            for ci, q in enumerate(coalitions):
+                fill(set(q) | rr.unknown[r], per[ci])
+            cache[key] = per
+        out += cache[key]
+    return out
+
+
+def realised_rho(plan, rr: RealisedRounds, coalitions, cache: dict) -> np.ndarray:
+    """``exact``: (Delta^2/2)[Sigma_H^-1]_ii of every realised round (module doc)."""
+    half = plan.sensitivity**2 / 2.0
+
+    def round_fn(r: int):
+        added = {v: p for v, p in rr.added[r].items() if v in rr.published[r]}
+        unmatched = [tuple(p) for p in rr.unmatched[r]]
+
+        def fill(colluders: set, row: np.ndarray) -> None:
+            honest, M = dacct.round_matrix(
+                plan.n,
+                added,
+                published=rr.published[r],
+                colluders=sorted(colluders),
+                unmatched=unmatched,
+            )
+            if len(honest):
+                row[honest] = half * dacct.inverse_diagonal(plan.sigma, plan.sigma_cor, M)
+
+        return fill
+
+    return _over_rounds(plan, rr, coalitions, cache, "exact", round_fn)
+
+
+def realised_paper_rho(plan, rr: RealisedRounds, coalitions, cache: dict) -> np.ndarray:
+    """``paper``: the closed form per round on the realised pair graph (both ends added the term
+    with the same secret, both published, both honest); one-sided terms are left out, which only
+    removes noise, so this stays an upper bound."""
+
+    def round_fn(r: int):
+        pub = rr.published[r]
+        g = nx.Graph()
+        g.add_nodes_from(pub)
+        g.add_edges_from((v, j) for v, j in rr.matched(r) if v in pub and j in pub)
+
+        def fill(colluders: set, row: np.ndarray) -> None:
+            honest = sorted(pub - colluders)
+            if honest:
+                a = _lambda2(g.subgraph(honest))
+                row[honest] = dacct.closed_form_rho(
+                    len(honest), a, plan.sigma, plan.sigma_cor, plan.sensitivity
+                )
+
+        return fill
+
+    return _over_rounds(plan, rr, coalitions, cache, "paper", round_fn)
+
+
+def audit_run(run_dir: Path, cfg: Config, plan, observers=None) -> dict:
+    n = plan.n
+    integrity: list[dict] = []
+    notes: list[dict] = []
+    rr, logs = replay_rounds(run_dir, plan, integrity, notes)
+    wanted = sorted(logs) if observers is None else list(observers)
+    for v in wanted:
+        if not 0 <= v < n:
+            raise AuditError(f"observer {v} is not a node id (0..{n - 1})")
+        if v not in logs:
+            raise AuditError(f"no readable view log for observer {v} in {run_dir / 'logs'}")
+    fault_free = all(
+        rr.published[r] == set(range(n))
+        and not rr.unknown[r]
+        and not rr.unmatched[r]
+        and all(set(rr.added[r].get(v, ())) == set(plan.neighbours(v)) for v in range(n))
+        for r in range(plan.rounds)
+    )
+    cache: dict = {}
+    try:
+        coalitions = dacct.coalitions(n, plan.collusion)
+        rho_q = realised_rho(plan, rr, coalitions, cache).max(axis=0)
+        paper_q = realised_paper_rho(plan, rr, coalitions, cache).max(axis=0)
+        curious = [(v,) for v in range(n)]
+        exact_pairs = realised_rho(plan, rr, curious, cache)  # [v, u]
+        paper_pairs = realised_paper_rho(plan, rr, curious, cache)
+    except dacct.TooManyCoalitions as exc:
+        raise AuditError(str(exc)) from None
+    u = units_of(plan)
+    unit = u.ldp_rho
+    dist_all = graphs.all_distances(plan.graph)
+    out_obs = []
+    for v in wanted:
+        losses = []
+        for src in range(n):
+            if src == v:
+                continue
+            for m, F in (("exact", exact_pairs), ("paper", paper_pairs)):
+                f = float(F[v, src]) / unit
+                losses.append(
+                    {
+                        "source": src,
+                        "method": m,
+                        "distance": int(dist_all[v, src]),
+                        "factor": f,
+                        **u.loss(f),
+                    }
+                )
+        out_obs.append({"observer": v, "losses": losses})
+    a_q = dacct.algebraic_connectivity(plan.graph, plan.collusion)
+    block = secldp_block(plan, rho_q, float(paper_q.max()), a_q)
+    block["realised_pairs"] = _pair_summary(rr)
+    return {
+        "run_dir": str(run_dir),
+        "protocol": cfg.protocol.name,
+        "alpha": plan.alpha,
+        "delta": plan.delta,
+        "n": n,
+        "steps": plan.steps,
+        "fault_free": fault_free,
+        "ldp": ldp_baseline(plan),
+        "accounting": accounting_note(plan),
+        "secldp": block,
+        "observers": out_obs,
+        "complete": not integrity,
+        "integrity": integrity,
+        "notes": notes,
+    }
+
+
+def _pair_summary(rr: RealisedRounds) -> dict:
+    """How many pair terms cancelled, per round (min/max) and in total."""
+    counts = [len(rr.matched(r)) for r in range(rr.rounds)]
+    return {
+        "matched_pairs_min": int(min(counts)) if counts else 0,
+        "matched_pairs_max": int(max(counts)) if counts else 0,
+        "matched_pair_rounds": int(sum(counts)),
+    }
+
+
+# ------------------------------------------------------------------------------------ calibrate
+
+
+def calibrate(cfg: Config, target_eps: float, *, which: str = "mid", grid: int = 50) -> dict:
+    """(sigma, sigma_cor) pairs whose SecLDP loss at the configured collusion level meets
+    target_eps (the paper's search, App. D.1), and the chosen one."""
+    import dataclasses
+
+    from .protocols import make_plan
+
+    plan = make_plan(cfg)
+    q = plan.collusion
+    if plan.n > PAIRWISE_MAX_N:
+        raise AuditError(f"decor calibration is limited to n <= {PAIRWISE_MAX_N} nodes")
+    try:
+        sg = dacct.SpectralGraph(plan.graph, collusion=q)
+    except dacct.TooManyCoalitions as exc:
+        raise AuditError(str(exc)) from None
+    sens = plan.sensitivity
+    cal = dacct.calibrate_pairs(
+        lambda a, b: sg.worst_step_rho(a, b, sens),
+        rounds=plan.rounds,
+        target_eps=target_eps,
+        delta=plan.delta,
+        sensitivity=sens,
+        honest_n=plan.n - q,
+        grid=grid,
+    )
+    chosen = dacct.choose_pair(cal, which)
+    c = dataclasses.replace(
+        cfg,
+        privacy=dataclasses.replace(
+            cfg.privacy, sigma=chosen["sigma_cdp"], sigma_cor=chosen["sigma_cor"]
+        ),
+    )
+    check = plan_report(c, make_plan(c), source=None, method="exact")
+    return {
+        "protocol": cfg.protocol.name,
+        "method": "exact",
+        "budget": f"secldp (collusion {q})",
+        "target_eps": target_eps,
+        "delta": plan.delta,
+        "sigma": chosen["sigma_cdp"],
+        "sigma_cor": chosen["sigma_cor"],
+        "choice": which,
+        "sensitivity": sens,
+        "steps": plan.steps,
+        "rounds": plan.rounds,
+        "eps": check["secldp"]["exact"]["eps"],
+        "eps_paper_conversion": check["secldp"]["exact"]["eps_paper"],
+        "sigma_ldp": cal["sigma_ldp"],
+        "sigma_cdp_floor": cal["sigma_cdp_floor"],
+        "pairs": cal["pairs"],
+        "low": cal["low"],
+        "mid": cal["mid"],
+        "high": cal["high"],
+        "secldp": check["secldp"],
+        "worst_pair": check.get("worst_pair"),
+        "mean_over_pairs": check.get("mean_over_pairs"),
+        "ldp": check["ldp"],
+        "accounting": check["accounting"],
+    }
