@@ -133,7 +133,7 @@ def test_killed_peer_is_recorded_and_the_run_still_ends(tmp_path):
     victim = 3
 
     def on_event(node, ev, pid):
-        # SIGKILL the victim as soon as it reports having completed step 2.
+        # SIGKILL the victim as soon as the launcher sees it report step 2.
         if node == victim and ev.get("event") == "step" and ev.get("step") == 2:
             os.kill(pid, signal.SIGKILL)
 
@@ -146,7 +146,11 @@ def test_killed_peer_is_recorded_and_the_run_still_ends(tmp_path):
     codes = {o.node: o.returncode for o in run.outcomes}
     assert codes[victim] == -signal.SIGKILL
     (failed,) = run.failed
-    assert failed.node == victim and "killed by SIGKILL after step 2" in failed.error
+    # The launcher reads step reports asynchronously, so the victim (and, in lock-step, the whole
+    # cluster) may have got a step or two further before the signal landed; the error names the
+    # last step it reported, which is what the survivors' logs must agree with.
+    assert failed.node == victim and 2 <= failed.steps_done < 12, failed
+    assert f"killed by SIGKILL after step {failed.steps_done}" in failed.error
     assert all(c == 0 for v, c in codes.items() if v != victim), run.outcomes
     for w in (victim - 1, victim + 1):
         vl = read_viewlog(out / "logs" / f"node-{w}.vlog")
