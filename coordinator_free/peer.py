@@ -66,6 +66,9 @@ class PeerResult:
     # Token protocols: how every walk ended ({"how", "at", "step"} by token id), the final value
     # of the walks that completed at this node, and this node's re-routes.
     walks: dict | None = None
+    # The socket addresses of each neighbour's channel once connected ({"local", "remote"} as
+    # "host:port"): where the node really talked to whom (containers, namespaces, LAN hosts).
+    channels: dict | None = None
 
     def to_json(self) -> dict:
         return self.__dict__.copy()
@@ -164,6 +167,7 @@ async def run_peer(
         vlog.write("listen", host=addr[0], port=addr[1])
         progress.emit(event="listening", node=node_id, port=addr[1])
         await net.connect(cfg.network.connect_timeout_s)
+        channels = channel_addresses(net, neighbours)
         vlog.write("connected", peers=neighbours)
         progress.emit(event="connected", node=node_id)
 
@@ -225,7 +229,7 @@ async def run_peer(
         t_run = time.monotonic()
         if cfg.walk:
             return await _run_walk(
-                cfg, plan, net, vlog, node_id, own, progress, out_dir, t_start, t_run
+                cfg, plan, net, vlog, node_id, own, progress, out_dir, t_start, t_run, channels
             )
         models: list[np.ndarray] = []
         if cfg.learning:
@@ -269,6 +273,7 @@ async def run_peer(
             **traffic(net),
             missed=missed,
             late=late,
+            channels=channels,
         )
         vlog.write("finished", steps=plan.steps, missed=len(missed), late=late)
         if models:
@@ -285,7 +290,20 @@ async def run_peer(
         vlog.close()
 
 
-async def _run_walk(cfg, plan, net, vlog, node_id, own, progress, out_dir, t_start, t_run):
+def channel_addresses(net, neighbours) -> dict:
+    """``{neighbour: {"local": "host:port", "remote": "host:port"}}`` of the open channels."""
+    out = {}
+    for j in neighbours:
+        ends = net.channel_endpoints(j)
+        if ends is not None:
+            (lh, lp), (rh, rp) = ends
+            out[str(j)] = {"local": f"{lh}:{lp}", "remote": f"{rh}:{rp}"}
+    return out
+
+
+async def _run_walk(
+    cfg, plan, net, vlog, node_id, own, progress, out_dir, t_start, t_run, channels=None
+):
     """Token protocols: serve the tokens (walkpeer.TokenEngine), then write the result."""
     from .walkpeer import TokenEngine
 
@@ -307,6 +325,7 @@ async def _run_walk(cfg, plan, net, vlog, node_id, own, progress, out_dir, t_sta
             "ended": {str(j): e for j, e in outcome.ended.items()},
             "finals": {str(j): v for j, v in outcome.finals.items()},
         },
+        channels=channels,
     )
     vlog.write("finished", steps=outcome.steps_made, reroutes=len(outcome.reroutes))
     write_result(out_dir, result)
@@ -510,6 +529,24 @@ def write_result(out_dir: Path, result: PeerResult) -> None:
     tmp.replace(final)
 
 
+def listen_socket(spec: str) -> socket.socket:
+    """A listening TCP socket on ``HOST:PORT`` (``[v6]:PORT`` for IPv6)."""
+    host, sep, port = spec.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError("expected HOST:PORT with a port in 1..65535")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, int(port)))
+        s.listen(128)
+    except OSError:
+        s.close()
+        raise
+    return s
+
+
 def peer_main(args) -> int:
     """Entry point of ``cfree peer``."""
     from . import config as config_mod
@@ -529,6 +566,12 @@ def peer_main(args) -> int:
     sock = None
     if args.listen_fd is not None:
         sock = socket.socket(fileno=args.listen_fd)
+    elif getattr(args, "listen", None):
+        try:
+            sock = listen_socket(args.listen)
+        except (ValueError, OSError) as exc:
+            print(f"cfree peer: --listen {args.listen}: {exc}", file=sys.stderr)
+            return 2
     progress = Progress(args.progress_fd)
     try:
         _run_loop(
