@@ -25,6 +25,9 @@ examples:
   cfree plan examples/walk-sgd.toml --method paper --target-eps 10 --budget mean
   cfree plan examples/decor-ring.toml --target-eps 10   # (sigma, sigma_cor) for DECOR
   cfree keygen --nodes 4 --out cluster/ --hosts 10.0.0.1:7000,10.0.0.2:7000,...
+  cfree compose examples/ring-sum.toml --dir cluster/ && docker compose -f cluster/docker-compose.yml up --build
+  cfree keypair --out key/ --address 192.168.1.11     # on each LAN host: prints its public line
+  cfree roster --hosts hosts.txt --out lan/             # roster + start.sh + systemd unit per host
 
 Configuration keys are documented in docs/config.md; privacy quantities in docs/privacy.md.
 """
@@ -89,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key", required=True, type=Path, help="this node's private key file")
     p.add_argument("--id", required=True, type=int, help="this node's id in the roster")
     p.add_argument("--out", required=True, type=Path, help="run directory for logs/ and results/")
+    p.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        help="bind this address instead of the roster's (e.g. 0.0.0.0:7000 in a container or "
+        "behind NAT, where the roster lists the name others dial)",
+    )
     p.add_argument("--listen-fd", type=int, help="inherited listening socket (set by the launcher)")
     p.add_argument("--progress-fd", type=int, help="write JSON-lines progress events to this fd")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -107,6 +116,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, type=Path, help="output directory")
     p.add_argument("--name", default="run", help="run name recorded in the roster")
     p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser(
+        "compose",
+        help="write a docker-compose cluster for a config (keygen, one service per peer, auditor)",
+        description="Write DIR/docker-compose.yml and the config its containers read "
+        "(DIR/config.toml, plus copies of any graph or data file under DIR/files). Then "
+        "`docker compose -f DIR/docker-compose.yml up --build` (or docker-compose v1) runs the "
+        "whole experiment: a one-shot keygen service, one peer service per node on a bridge "
+        "network (each mounting only its own key volume), and an auditor that writes audit.json "
+        "next to the logs in DIR/run (or $CFREE_RUN_DIR). Without a registry, build the base "
+        "image from Debian's packages first: see docs/deploy.md.",
+    )
+    _add_config_args(p)
+    p.add_argument(
+        "--dir",
+        type=Path,
+        help="where to write the compose file and config (default: compose/<run.name>)",
+    )
+    p.add_argument("--file", default="docker-compose.yml", help="compose file name in DIR")
+    p.add_argument(
+        "--config-file",
+        default="config.toml",
+        help="where the containers' config goes, relative to DIR (default: config.toml)",
+    )
+    p.add_argument(
+        "--run-dir",
+        default="./run",
+        help="host directory for logs, results and the audit, relative to DIR (default: ./run; "
+        "CFREE_RUN_DIR overrides it when the cluster starts)",
+    )
+    p.add_argument("--port", type=int, default=7000, help="port every peer listens on (7000)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing compose file")
+    p.add_argument("--json", action="store_true", help="print what was written as JSON")
 
     p = sub.add_parser(
         "plan",
@@ -180,9 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true")
 
-    from . import report
+    from . import lan, report
 
     report.add_parser(sub)
+    lan.add_parsers(sub)
     return parser
 
 
@@ -1006,20 +1049,67 @@ def cmd_keygen(args) -> int:
     return 0
 
 
+def cmd_compose(args) -> int:
+    from .cluster import compose
+
+    cfg = config_mod.load(args.config, args.set)
+    out_dir = args.dir if args.dir is not None else Path("compose") / cfg.run.name
+    if not 1 <= args.port <= 65535:
+        raise CliError(f"--port {args.port} is not in 1..65535")
+    try:
+        info = compose.write_compose(
+            cfg,
+            out_dir,
+            file_name=args.file,
+            config_file=args.config_file,
+            run_dir=args.run_dir,
+            port=args.port,
+            force=args.force,
+        )
+    except compose.ComposeError as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    f = info["compose_file"]
+    print(f"wrote {f} ({info['nodes']} peers) and {info['config']}")
+    if info["build_context"] is None:
+        print(
+            "  no build context (not run from a checkout): the image "
+            f"{compose.IMAGE} must exist, or set CFREE_IMAGE to one that does"
+        )
+    print("next:")
+    print(f"  docker compose -f {f} up --build      # or: docker-compose -f {f} up --build")
+    print(
+        "  (no registry: deploy/build-base-image.sh && deploy/fetch-wheels.sh, then "
+        "CFREE_BASE_IMAGE=cfree-base:bookworm CFREE_PIP_OPTIONS=--no-index; see docs/deploy.md)"
+    )
+    return 0
+
+
 def cmd_peer(args) -> int:
     from .peer import peer_main
 
     return peer_main(args)
 
 
+def cmd_lan(args) -> int:
+    from . import lan
+
+    return lan.COMMANDS[args.command](args)
+
+
 COMMANDS = {
     "run": cmd_run,
     "peer": cmd_peer,
     "keygen": cmd_keygen,
+    "compose": cmd_compose,
     "plan": cmd_plan,
     "audit": cmd_audit,
     "simulate": cmd_simulate,
     "report": lambda args: args.func(args),  # report.cmd_report, set by report.add_parser
+    "keypair": cmd_lan,
+    "roster": cmd_lan,
 }
 
 

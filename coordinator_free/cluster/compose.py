@@ -1,0 +1,333 @@
+"""docker-compose clusters: the compose file for any config, and the roles of the peer image.
+
+``cfree compose CONFIG`` writes a directory holding ``docker-compose.yml`` and the config the
+containers read. The compose file has three kinds of services, all from one image
+(``peer/Dockerfile``):
+
+- ``keygen`` (one-shot): makes one X25519 key per node, each into its own named volume
+  ``key-<i>``, and writes the public roster (addresses ``peer-<i>:PORT``) and the config into the
+  run directory, a bind mount on the host;
+- ``peer-<i>``: one node on the user-defined bridge network ``cfree``; it mounts the run
+  directory and only its own key volume;
+- ``auditor``: starts once every peer has finished, replays the view logs and writes
+  ``audit.json`` next to them.
+
+The roles run as ``python -m coordinator_free.cluster.compose keygen|audit`` (and ``cfree
+peer`` for a node), called by the image's entrypoint. The file uses only what ``docker compose``
+(v2) and ``docker-compose`` (v1, 1.29) both read: no ``version`` key, ``depends_on`` conditions,
+``${VAR:-default}`` substitution.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from .. import config as config_mod
+from .. import roster as roster_mod
+
+IMAGE = "coordinator-free-peer:latest"
+PORT = 7000
+#: Mount points inside the containers.
+CONFIG_MOUNT = "/cfree/config.toml"
+FILES_MOUNT = "/cfree/files"
+RUN_MOUNT = "/cfree/run"
+KEYS_ROOT = "/cfree/keys"
+KEY_MOUNT = "/cfree/key"
+#: The project root when running from a checkout (holds peer/Dockerfile).
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+class ComposeError(ValueError):
+    """A compose file cannot be written, or a role cannot run; the message says why."""
+
+
+def service(i: int) -> str:
+    return f"peer-{i}"
+
+
+def key_volume(i: int) -> str:
+    return f"key-{i}"
+
+
+def node_count(cfg: config_mod.Config) -> int:
+    from ..audit import make_plan
+
+    return make_plan(cfg).n
+
+
+def _q(s: str) -> str:
+    """A YAML scalar: JSON strings are valid YAML, and quoting keeps ``${...}`` and ``:`` literal."""
+    return json.dumps(s)
+
+
+def _list(items: list[str], indent: int) -> list[str]:
+    pad = " " * indent
+    return [f"{pad}- {_q(x)}" for x in items]
+
+
+def render(
+    n: int,
+    *,
+    describe: str,
+    config_file: str = "config.toml",
+    files_dir: str | None = None,
+    run_dir: str = "./run",
+    build_context: str | None = ".",
+    port: int = PORT,
+) -> str:
+    """The text of a compose file for ``n`` peers (deterministic: same inputs, same bytes).
+
+    Paths are relative to the compose file's directory. ``build_context=None`` leaves out the
+    build sections (the image must then exist or be pullable as ``$CFREE_IMAGE``).
+    """
+    if n < 2:
+        raise ComposeError(f"a cluster needs at least 2 nodes, the config has {n}")
+    run_mount = f"${{CFREE_RUN_DIR:-{run_dir}}}:{RUN_MOUNT}"
+    files = [f"./{files_dir}:{FILES_MOUNT}:ro"] if files_dir else []
+    lines = [
+        f"# coordinator-free cluster: {describe}.",
+        "# Written by `cfree compose`; regenerate it from the config rather than editing it.",
+        "#",
+        "#   docker compose up --build          (or: docker-compose up --build)",
+        "#",
+        "# keygen writes one private key per node, each into its own volume (a peer mounts only",
+        "# its own), and the public roster into the run directory; the peers talk over the bridge",
+        "# network `cfree` on port " + str(port) + "; the auditor runs once every peer has",
+        f"# finished and writes audit.json next to the logs in ${{CFREE_RUN_DIR:-{run_dir}}}.",
+        "# If a peer fails, the auditor does not start by itself; audit what the others logged",
+        "# with `docker compose run --rm --no-deps auditor`. No registry? See docs/deploy.md:",
+        "# CFREE_BASE_IMAGE=cfree-base:bookworm CFREE_PIP_OPTIONS=--no-index.",
+        "",
+        "services:",
+    ]
+
+    def common(role_cmd: list[str]) -> list[str]:
+        out = [f"    image: {_q('${CFREE_IMAGE:-' + IMAGE + '}')}"]
+        if build_context is not None:
+            out += [
+                "    build:",
+                f"      context: {_q(build_context)}",
+                f"      dockerfile: {_q('peer/Dockerfile')}",
+                "      args:",
+                f"        BASE_IMAGE: {_q('${CFREE_BASE_IMAGE:-python:3.11-slim}')}",
+                f"        PIP_OPTIONS: {_q('${CFREE_PIP_OPTIONS:-}')}",
+            ]
+        out.append("    command: [" + ", ".join(_q(c) for c in role_cmd) + "]")
+        out.append("    init: true")  # a real PID 1: signals reach the peer, zombies are reaped
+        return out
+
+    lines += ["  keygen:", *common(["keygen", "--nodes", str(n), "--port", str(port)])]
+    lines += ["    network_mode: none", "    volumes:"]
+    lines += _list([f"./{config_file}:{CONFIG_MOUNT}:ro", *files, run_mount], 6)
+    lines += _list([f"{key_volume(i)}:{KEYS_ROOT}/{i}" for i in range(n)], 6)
+    for i in range(n):
+        lines += [f"  {service(i)}:", *common(["peer"])]
+        lines += [
+            f"    hostname: {_q(service(i))}",
+            "    environment:",
+            f"      CFREE_NODE_ID: {_q(str(i))}",
+            f"      CFREE_PORT: {_q(str(port))}",
+            "    depends_on:",
+            "      keygen:",
+            "        condition: service_completed_successfully",
+            "    networks:",
+            "      - cfree",
+            "    volumes:",
+        ]
+        lines += _list([*files, run_mount, f"{key_volume(i)}:{KEY_MOUNT}:ro"], 6)
+    lines += ["  auditor:", *common(["audit"]), "    network_mode: none", "    depends_on:"]
+    for i in range(n):
+        lines += [f"      {service(i)}:", "        condition: service_completed_successfully"]
+    lines += ["    volumes:", *_list([*files, run_mount], 6)]
+    lines += ["", "networks:", "  cfree:", "    driver: bridge", "", "volumes:"]
+    lines += [f"  {key_volume(i)}: {{}}" for i in range(n)]
+    return "\n".join(lines) + "\n"
+
+
+def describe(cfg: config_mod.Config, n: int) -> str:
+    g = cfg.graph
+    return f"{n} peers, graph {g.kind}, protocol {cfg.protocol.name}, run {cfg.run.name!r}"
+
+
+def write_compose(
+    cfg: config_mod.Config,
+    out_dir: Path,
+    *,
+    file_name: str = "docker-compose.yml",
+    config_file: str = "config.toml",
+    run_dir: str = "./run",
+    port: int = PORT,
+    force: bool = False,
+) -> dict:
+    """Write ``out_dir/file_name`` and the container's config (plus any graph or data file the
+    config names, copied under ``files/``); return what was written."""
+    n = node_count(cfg)
+    out_dir = Path(out_dir)
+    compose_path = out_dir / file_name
+    cfg_path = out_dir / config_file
+    for p in (compose_path, cfg_path):
+        if p.exists() and not force:
+            raise ComposeError(f"{p} already exists (--force overwrites it)")
+    # Files the config points at live on this machine; the containers see copies under files/.
+    copies: dict[str, Path] = {}
+    for sec in config_mod.PATH_SECTIONS:
+        src = getattr(getattr(cfg, sec), "path", None)
+        if src:
+            copies[sec] = Path(src)
+    files_dir = "files" if copies else None
+    container_cfg = cfg
+    cfg_dir_to_files = os.path.relpath(out_dir / "files", cfg_path.parent) if copies else None
+    for sec, src in copies.items():
+        name = f"{sec}-{src.name}"
+        section = dataclasses.replace(
+            getattr(container_cfg, sec), path=f"{cfg_dir_to_files}/{name}"
+        )
+        container_cfg = dataclasses.replace(container_cfg, **{sec: section})
+    if copies and cfg_path.parent.resolve() != out_dir.resolve():
+        raise ComposeError(
+            "a config that names a graph or data file must sit next to the compose file "
+            "(the containers resolve its paths against /cfree)"
+        )
+    build_context = None
+    if (PROJECT_ROOT / "peer" / "Dockerfile").is_file():
+        # Relative inside the checkout (the tree can move), absolute from anywhere else.
+        where = out_dir.resolve()
+        inside = where == PROJECT_ROOT or PROJECT_ROOT in where.parents
+        build_context = os.path.relpath(PROJECT_ROOT, where) if inside else str(PROJECT_ROOT)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg_path.parent.mkdir(parents=True, exist_ok=True)
+    if copies:
+        (out_dir / "files").mkdir(exist_ok=True)
+        for sec, src in copies.items():
+            shutil.copyfile(src, out_dir / "files" / f"{sec}-{src.name}")
+    cfg_path.write_text(container_cfg.to_toml())
+    text = render(
+        n,
+        describe=describe(cfg, n),
+        config_file=config_file,
+        files_dir=files_dir,
+        run_dir=run_dir,
+        build_context=build_context,
+        port=port,
+    )
+    compose_path.write_text(text)
+    return {
+        "compose_file": str(compose_path),
+        "config": str(cfg_path),
+        "nodes": n,
+        "build_context": build_context,
+        "files": sorted(str(out_dir / "files" / f"{s}-{p.name}") for s, p in copies.items()),
+    }
+
+
+# ----------------------------------------------------------------------------------- roles
+
+
+def keygen_role(
+    n: int,
+    port: int,
+    *,
+    config_path: Path = Path(CONFIG_MOUNT),
+    run_dir: Path = Path(RUN_MOUNT),
+    keys_root: Path = Path(KEYS_ROOT),
+) -> roster_mod.Roster:
+    """The one-shot keygen service: roster + config into the run directory, key i into
+    ``keys_root/i`` (a volume only peer i mounts). Refuses to touch an earlier run's files."""
+    cfg = config_mod.load(config_path)
+    have = node_count(cfg)
+    if have != n:
+        raise ComposeError(
+            f"{config_path} describes {have} nodes but this compose file was written for {n}: "
+            "regenerate it with `cfree compose`"
+        )
+    roster_path = run_dir / "roster.json"
+    if roster_path.exists():
+        raise ComposeError(
+            f"the run directory already holds a run ({roster_path} exists): move it away, or "
+            "point CFREE_RUN_DIR at a new directory, then `docker compose up` again"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    leftovers = [p for p in ("logs", "results", "audit.json") if (run_dir / p).exists()]
+    if leftovers:
+        raise ComposeError(
+            f"the run directory {run_dir} holds {', '.join(leftovers)} of an earlier run but no "
+            "roster: move them away first"
+        )
+    hosts = [(service(i), port) for i in range(n)]
+    staged = run_dir / ".keygen"
+    if staged.exists():
+        shutil.rmtree(staged)
+    ros = roster_mod.generate_keys(n, staged, hosts=hosts, name=cfg.run.name)
+    try:
+        for i in range(n):
+            dest_dir = keys_root / str(i)
+            dest_dir.mkdir(parents=True, exist_ok=True)
+            os.chmod(dest_dir, 0o700)
+            # A volume kept from an earlier run holds that run's key: it belongs to a roster
+            # that no longer exists, and this node's new key replaces it.
+            for old in dest_dir.glob("node-*.key"):
+                old.unlink()
+            shutil.move(str(roster_mod.key_path(staged, i)), roster_mod.key_path(dest_dir, i))
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+    (run_dir / "config.toml").write_text(cfg.to_toml())
+    (run_dir / "logs").mkdir(exist_ok=True)
+    (run_dir / "results").mkdir(exist_ok=True)
+    roster_mod.save_roster(roster_path, ros)
+    return ros
+
+
+def audit_role(run_dir: Path = Path(RUN_MOUNT)) -> dict:
+    """The auditor service: replay the logs, write ``audit.json`` beside them, print the report."""
+    from ..audit import audit_run, write_json
+    from ..cli import _print_audit
+
+    rep = audit_run(run_dir)
+    write_json(run_dir / "audit.json", rep)
+    _print_audit(rep)
+    print(f"wrote {run_dir / 'audit.json'}")
+    return rep
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m coordinator_free.cluster.compose",
+        description="Roles of the peer image in a compose cluster (called by its entrypoint).",
+    )
+    sub = parser.add_subparsers(dest="role", required=True)
+    p = sub.add_parser("keygen", help="keys into /cfree/keys/<i>, roster and config into the run")
+    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--port", type=int, default=PORT)
+    sub.add_parser("audit", help="audit the run directory, write audit.json")
+    args = parser.parse_args(argv)
+    from ..audit import AuditError
+
+    try:
+        if args.role == "keygen":
+            ros = keygen_role(args.nodes, args.port)
+            print(
+                f"keygen: run {ros.run_id}: {args.nodes} keys (one per volume), roster and "
+                f"config in {RUN_MOUNT}"
+            )
+        else:
+            audit_role()
+    except (
+        ComposeError,
+        AuditError,
+        config_mod.ConfigError,
+        roster_mod.RosterError,
+        OSError,
+    ) as exc:
+        print(f"cfree {args.role}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,395 @@
+"""docker-compose clusters for real: the peer image built without a registry, 8 peer containers
+on a bridge network, the auditor's output against `cfree plan`, and a peer container killed
+mid-run.
+
+These run with ``-m docker`` (CI does); the compose-file tests at the top are pure and run in
+the quick default. The image is built from Debian's packages (deploy/build-base-image.sh) and
+wheels fetched beforehand (deploy/fetch-wheels.sh), with ``docker build --network none``: the
+build itself cannot reach any network.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from coordinator_free import audit, config
+from coordinator_free.cluster import compose
+from coordinator_free.viewlog import read_viewlog
+from tests.netrun import assert_audit_equals_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+TEST_IMAGE = "coordinator-free-peer:test"
+BASE_IMAGE = "cfree-base:bookworm"
+IN_CI = os.environ.get("CI") == "true"
+
+
+def cfree(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "coordinator_free", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+# ------------------------------------------------------------------- the compose file (pure)
+
+
+def test_top_level_compose_file_is_what_cfree_compose_writes(tmp_path):
+    """The committed docker-compose.yml and peer/cluster.toml are `cfree compose`'s output for
+    the built-in default, so they never drift from the generator."""
+    r = cfree(
+        "compose",
+        "--dir",
+        str(tmp_path),
+        "--config-file",
+        "peer/cluster.toml",
+        "--run-dir",
+        "./runs/compose",
+    )
+    assert r.returncode == 0, r.stderr
+    made = (tmp_path / "docker-compose.yml").read_text()
+    # Outside the checkout the build context is absolute; in it, the file says ".".
+    made = made.replace(json.dumps(str(ROOT)), json.dumps("."))
+    assert made == (ROOT / "docker-compose.yml").read_text()
+    assert (tmp_path / "peer" / "cluster.toml").read_text() == (
+        ROOT / "peer" / "cluster.toml"
+    ).read_text()
+    assert config.load(ROOT / "peer" / "cluster.toml").to_toml() == config.load(None).to_toml()
+
+
+def test_compose_file_shape_and_key_isolation(tmp_path):
+    cfg = config.load(None, ["graph.nodes=5", "graph.kind=complete"])
+    info = compose.write_compose(cfg, tmp_path / "c")
+    text = Path(info["compose_file"]).read_text()
+    assert info["nodes"] == 5
+    services = text.split("\nservices:\n", 1)[1].split("\nnetworks:\n", 1)[0]
+    blocks: dict[str, str] = {}
+    for line in services.splitlines():
+        if re.fullmatch(r"  [a-z0-9-]+:", line):
+            name = line.strip(" :")
+            blocks[name] = ""
+        else:
+            blocks[name] += line + "\n"
+    assert set(blocks) == {"keygen", "auditor", *(f"peer-{i}" for i in range(5))}
+    for i in range(5):
+        body = blocks[f"peer-{i}"]
+        # A peer mounts exactly one key volume: its own, read-only.
+        assert [ln.strip() for ln in body.splitlines() if "key-" in ln] == [
+            f'- "key-{i}:/cfree/key:ro"'
+        ]
+        assert f'CFREE_NODE_ID: "{i}"' in body and "service_completed_successfully" in body
+    assert all(f'"key-{i}:/cfree/keys/{i}"' in blocks["keygen"] for i in range(5))
+    assert "key-" not in blocks["auditor"] and blocks["auditor"].count("condition:") == 5
+    assert "\nversion:" not in text  # both compose v1 (1.29) and v2 read a version-less file
+    # Deterministic: the same config gives the same bytes.
+    again = compose.write_compose(cfg, tmp_path / "d")
+    assert Path(again["compose_file"]).read_text() == text
+
+
+def test_compose_copies_files_the_config_names(tmp_path):
+    edges = tmp_path / "g.edgelist"
+    edges.write_text("0 1\n1 2\n2 3\n3 0\n0 2\n")
+    cfg = config.load(None, ["graph.kind=edgelist", f"graph.path={edges}"])
+    info = compose.write_compose(cfg, tmp_path / "c")
+    assert info["nodes"] == 4
+    copied = tmp_path / "c" / "files" / "graph-g.edgelist"
+    assert copied.read_text() == edges.read_text()
+    # The containers' config points at the copy, relative to itself (resolved under /cfree).
+    inner = config.load(tmp_path / "c" / "config.toml")
+    assert Path(inner.graph.path) == copied.resolve()
+    assert '"./files:/cfree/files:ro"' in Path(info["compose_file"]).read_text()
+
+
+def test_compose_refuses_to_overwrite_and_names_bad_input(tmp_path):
+    assert cfree("compose", "--dir", str(tmp_path)).returncode == 0
+    r = cfree("compose", "--dir", str(tmp_path))
+    assert r.returncode == 2 and "already exists" in r.stderr and "--force" in r.stderr
+    assert cfree("compose", "--dir", str(tmp_path), "--force").returncode == 0
+    r = cfree("compose", "--dir", str(tmp_path / "x"), "--port", "70000")
+    assert r.returncode == 2 and "--port" in r.stderr
+    r = cfree("compose", "--dir", str(tmp_path / "y"), "--set", "graph.nodes=1")
+    assert r.returncode == 2 and "graph.nodes" in r.stderr
+
+
+def test_keygen_role_writes_one_key_per_volume_and_refuses_an_old_run(tmp_path):
+    cfg_path = tmp_path / "config.toml"
+    cfg_path.write_text(config.load(None, ["graph.nodes=4"]).to_toml())
+    run, keys = tmp_path / "run", tmp_path / "keys"
+    ros = compose.keygen_role(4, 7000, config_path=cfg_path, run_dir=run, keys_root=keys)
+    assert [e.address for e in ros] == [(f"peer-{i}", 7000) for i in range(4)]
+    for i in range(4):
+        (only,) = list((keys / str(i)).iterdir())  # node i's volume holds node i's key only
+        assert only.name == f"node-{i}.key" and only.stat().st_mode & 0o077 == 0
+    assert not (run / ".keygen").exists() and (run / "logs").is_dir()
+    assert config.load(run / "config.toml").to_toml() == config.load(cfg_path).to_toml()
+    raw = (run / "roster.json").read_bytes() + (run / "config.toml").read_bytes()
+    for i in range(4):
+        assert (keys / str(i) / f"node-{i}.key").read_bytes() not in raw
+    with pytest.raises(compose.ComposeError, match="already holds a run"):
+        compose.keygen_role(4, 7000, config_path=cfg_path, run_dir=run, keys_root=keys)
+    with pytest.raises(compose.ComposeError, match="written for 5"):
+        compose.keygen_role(5, 7000, config_path=cfg_path, run_dir=tmp_path / "r2", keys_root=keys)
+    # A fresh run over volumes kept from the old one replaces their keys.
+    ros2 = compose.keygen_role(
+        4, 7000, config_path=cfg_path, run_dir=tmp_path / "r3", keys_root=keys
+    )
+    assert ros2.run_id != ros.run_id and len(list((keys / "0").iterdir())) == 1
+
+
+# ----------------------------------------------------------------- real containers (-m docker)
+
+
+def _compose_commands() -> dict[str, list[str]]:
+    found = {}
+    if shutil.which("docker-compose"):
+        found["v1"] = ["docker-compose"]
+    if shutil.which("docker"):
+        r = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True)
+        if r.returncode == 0:
+            found["v2"] = ["docker", "compose"]
+    return found
+
+
+def _need(what: str, ok: bool) -> None:
+    """Absent tools fail the run in CI (it installs them) and skip elsewhere, saying why."""
+    if not ok:
+        if IN_CI:
+            pytest.fail(f"{what} is not available in CI")
+        pytest.skip(f"{what} is not available here")
+
+
+@pytest.fixture(scope="session")
+def peer_image() -> str:
+    _need("docker", shutil.which("docker") is not None)
+    info = subprocess.run(["docker", "info"], capture_output=True, text=True)
+    _need("a running docker engine", info.returncode == 0)
+    steps = [
+        ["bash", "deploy/build-base-image.sh", "--tag", BASE_IMAGE],
+        ["bash", "deploy/fetch-wheels.sh"],
+        # --network none: the build cannot reach a registry or an index; everything comes from
+        # the base image made from Debian's packages and the wheels in peer/wheels.
+        ["docker", "build", "--network", "none", "-q", "-f", "peer/Dockerfile"]
+        + ["--build-arg", f"BASE_IMAGE={BASE_IMAGE}", "--build-arg", "PIP_OPTIONS=--no-index"]
+        + ["-t", TEST_IMAGE, "."],
+    ]
+    for cmd in steps:
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+        assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    r = subprocess.run(
+        ["docker", "run", "--rm", TEST_IMAGE, "--version"], capture_output=True, text=True
+    )
+    assert r.returncode == 0 and r.stdout.startswith("cfree "), r
+    return TEST_IMAGE
+
+
+class Cluster:
+    """One compose project: ``up``, ``run``, ``kill`` and an always-run ``down -v``."""
+
+    def __init__(self, cmd: list[str], compose_file: Path, run_dir: Path, image: str):
+        self.cmd = cmd
+        self.file = compose_file
+        self.project = f"cfreetest{os.getpid()}{compose_file.parent.name}".lower().replace("_", "")
+        self.env = dict(os.environ, CFREE_IMAGE=image, CFREE_RUN_DIR=str(run_dir))
+        self.run_dir = run_dir
+
+    def argv(self, *args: str) -> list[str]:
+        return [*self.cmd, "-f", str(self.file), "-p", self.project, *args]
+
+    def call(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            self.argv(*args),
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def popen(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            self.argv(*args),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def container(self, service: str) -> str:
+        r = self.call("ps", "-a", "-q", service)
+        ids = r.stdout.split()
+        assert r.returncode == 0 and len(ids) == 1, (service, r.stdout, r.stderr)
+        return ids[0]
+
+    def inspect(self, service: str) -> dict:
+        r = subprocess.run(
+            ["docker", "inspect", self.container(service)], capture_output=True, text=True
+        )
+        return json.loads(r.stdout)[0]
+
+    def leftovers(self) -> list[str]:
+        label = f"label=com.docker.compose.project={self.project}"
+        found = []
+        for kind in (["ps", "-a", "-q"], ["volume", "ls", "-q"], ["network", "ls", "-q"]):
+            r = subprocess.run(["docker", *kind, "--filter", label], capture_output=True, text=True)
+            found += r.stdout.split()
+        return found
+
+    def down(self) -> None:
+        r = self.call("down", "-v", "--remove-orphans", timeout=180)
+        assert r.returncode == 0, r.stderr
+        assert self.leftovers() == []
+
+
+@pytest.fixture
+def clusters():
+    made: list[Cluster] = []
+    yield made
+    for c in made:
+        c.down()
+
+
+def _cluster(clusters, how: str, compose_file: Path, run_dir: Path, image: str) -> Cluster:
+    cmds = _compose_commands()
+    _need(f"compose {how}", how in cmds)
+    c = Cluster(cmds[how], compose_file, run_dir, image)
+    clusters.append(c)
+    return c
+
+
+def _check_isolation_and_network(c: Cluster, n: int) -> None:
+    """Each peer container mounted only its own key; each talked from its own bridge address."""
+    ips = {}
+    for i in range(n):
+        res = json.loads((c.run_dir / "results" / f"node-{i}.json").read_text())
+        assert res["channels"], i
+        for j, ends in res["channels"].items():
+            local_ip, local_port = ends["local"].rsplit(":", 1)
+            ips.setdefault(i, local_ip)
+            assert local_ip == ips[i], (i, ends)  # one address per container
+            if int(j) < i:  # the other end saw this channel from the same address pair
+                theirs = json.loads((c.run_dir / "results" / f"node-{j}.json").read_text())
+                assert theirs["channels"][str(i)] == {
+                    "local": ends["remote"],
+                    "remote": ends["local"],
+                }
+    assert len(set(ips.values())) == n
+    assert not any(ip.startswith("127.") for ip in ips.values())
+    for i in range(n):
+        info = c.inspect(f"peer-{i}")
+        assert info["State"]["ExitCode"] == 0, (i, info["State"])
+        key_mounts = [m for m in info["Mounts"] if m["Destination"].startswith("/cfree/key")]
+        assert [(m["Name"].rsplit("_", 1)[-1], m["Destination"], m["RW"]) for m in key_mounts] == [
+            (f"key-{i}", "/cfree/key", False)
+        ]
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("how", ["v1", "v2"])
+def test_eight_peer_cluster_audit_equals_plan(how, peer_image, clusters, tmp_path):
+    """v1 runs the top-level docker-compose.yml unchanged; v2 a file `cfree compose` wrote for a
+    different graph. Each: 8 containers to completion, auditor's audit.json == cfree plan."""
+    run_dir = tmp_path / "run"
+    if how == "v1":
+        compose_file = ROOT / "docker-compose.yml"
+        cfg = config.load(ROOT / "peer" / "cluster.toml")
+    else:
+        d = tmp_path / "c"
+        r = cfree("compose", "--dir", str(d), "--set", "graph.kind=complete")
+        assert r.returncode == 0, r.stderr
+        compose_file = d / "docker-compose.yml"
+        cfg = config.load(d / "config.toml")
+    c = _cluster(clusters, how, compose_file, run_dir, peer_image)
+    r = c.call("up", "--no-build", timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert c.inspect("auditor")["State"]["ExitCode"] == 0
+    _check_isolation_and_network(c, 8)
+    ros = json.loads((run_dir / "roster.json").read_text())
+    assert [(e["host"], e["port"]) for e in ros["nodes"]] == [(f"peer-{i}", 7000) for i in range(8)]
+    rep = json.loads((run_dir / "audit.json").read_text())
+    assert rep["fault_free"] is True and rep["integrity"] == []
+    assert_audit_equals_plan(rep, audit.make_plan(cfg), 1e-9)
+    for i in range(8):
+        vl = read_viewlog(run_dir / "logs" / f"node-{i}.vlog")
+        assert vl.intact and vl.records[-1]["k"] == "finished"
+    # No private key reached the bind mount the host sees.
+    assert not [p for p in run_dir.rglob("*.key")]
+
+
+@pytest.mark.docker
+def test_killed_peer_container_is_recorded_by_survivors_and_the_audit(
+    peer_image, clusters, tmp_path
+):
+    d = tmp_path / "k"
+    # ~35 steps/s on 2 cores: the run lasts long enough for the kill to land mid-run.
+    sets = ["protocol.steps=400", "network.deadline_s=2", "protocol.accelerated=false"]
+    r = cfree("compose", "--dir", str(d), *[a for s in sets for a in ("--set", s)])
+    assert r.returncode == 0, r.stderr
+    run_dir = tmp_path / "run"
+    c = _cluster(clusters, "v1", d / "docker-compose.yml", run_dir, peer_image)
+    victim = 3
+    up = c.popen("up", "--no-build")
+    try:
+        vlog = run_dir / "logs" / f"node-{victim}.vlog"
+        t0 = time.monotonic()
+        while True:  # kill once the victim has logged a value sent at step 2 or later
+            assert up.poll() is None, up.stdout.read()
+            assert time.monotonic() - t0 < 240, "the victim never reached step 2"
+            try:
+                recs = read_viewlog(vlog).records if vlog.exists() else []
+            except Exception:  # a record half-written right now: look again
+                recs = []
+            if any(x.get("k") == "send" and x.get("step", 0) >= 2 for x in recs):
+                break
+            time.sleep(0.2)
+        k = c.call("kill", "-s", "SIGKILL", f"peer-{victim}")
+        assert k.returncode == 0, k.stderr
+        out, _ = up.communicate(timeout=600)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+    assert c.inspect(f"peer-{victim}")["State"]["ExitCode"] == 137
+    survivors = [i for i in range(8) if i != victim]
+    for i in survivors:  # `up` may return as soon as the auditor's dependency failed
+        w = subprocess.run(
+            ["docker", "wait", c.container(f"peer-{i}")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert w.stdout.strip() == "0", (i, w)
+    # The auditor did not start by itself (a dependency failed): run it over what was logged.
+    a = c.call("run", "--rm", "--no-deps", "auditor")
+    assert a.returncode == 0, a.stdout[-3000:] + a.stderr[-3000:]
+    assert f"node {victim}: unfinished" in a.stdout and "fault-free=False" in a.stdout
+    for w in (victim - 1, victim + 1):
+        vl = read_viewlog(run_dir / "logs" / f"node-{w}.vlog")
+        assert vl.intact and vl.records[-1]["k"] == "finished"
+        misses = [x for x in vl.records if x["k"] == "miss" and x["peer"] == victim]
+        assert misses, f"node {w} did not record the dropout"
+        assert {x["reason"] for x in misses} <= {"peer-down", "deadline"}
+        # Missed to the end of the run: the survivor's last step went on without the victim.
+        assert max(x["step"] for x in misses) == max(
+            x["step"] for x in vl.records if x["k"] == "send"
+        )
+    rep = json.loads((run_dir / "audit.json").read_text())
+    assert rep["fault_free"] is False
+    assert any(f["node"] == victim and f["kind"] == "unfinished" for f in rep["integrity"])
+    ldp = rep["ldp"]["rdp"]
+    for o in rep["observers"]:
+        for x in o["losses"]:
+            if x["method"] == "exact":
+                assert 0 <= x["rdp"] <= ldp * (1 + 1e-9)
