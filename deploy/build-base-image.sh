@@ -36,7 +36,9 @@ command -v docker >/dev/null || die "docker is not installed"
 if ! command -v debootstrap >/dev/null; then
   if command -v apt-get >/dev/null; then
     echo "== installing debootstrap from Debian's packages"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null \
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q debootstrap >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null && apt-get install -y -q debootstrap >/dev/null; } \
       || die "apt-get install debootstrap failed"
   else
     die "debootstrap is not installed and there is no apt-get to install it"
