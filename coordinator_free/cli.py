@@ -28,6 +28,7 @@ examples:
   cfree compose examples/ring-sum.toml --dir cluster/ && docker compose -f cluster/docker-compose.yml up --build
   cfree keypair --out key/ --address 192.168.1.11     # on each LAN host: prints its public line
   cfree roster --hosts hosts.txt --out lan/             # roster + start.sh + systemd unit per host
+  cfree lab run                                         # 8 peers, each in its own network namespace (root)
 
 Configuration keys are documented in docs/config.md; privacy quantities in docs/privacy.md.
 """
@@ -222,10 +223,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true")
 
-    from . import lan, report
+    from . import lab_cli, lan, report
 
     report.add_parser(sub)
     lan.add_parsers(sub)
+    lab_cli.add_lab_parser(sub)
     return parser
 
 
@@ -1099,6 +1101,12 @@ def cmd_lan(args) -> int:
     return lan.COMMANDS[args.command](args)
 
 
+def cmd_lab(args) -> int:
+    from . import lab_cli
+
+    return lab_cli.cmd_lab(args)
+
+
 COMMANDS = {
     "run": cmd_run,
     "peer": cmd_peer,
@@ -1110,6 +1118,7 @@ COMMANDS = {
     "report": lambda args: args.func(args),  # report.cmd_report, set by report.add_parser
     "keypair": cmd_lan,
     "roster": cmd_lan,
+    "lab": cmd_lab,
 }
 
 

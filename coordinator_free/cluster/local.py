@@ -212,64 +212,73 @@ async def _watch_peer(
     outcome.returncode = await proc.wait()
 
 
-async def launch_peers(
+def peer_argv(out_dir: Path, node: int) -> list[str]:
+    """The ``cfree peer`` command line of ``node`` in the run directory ``out_dir`` (config,
+    roster and keys already there), reporting progress as JSON lines on its stdout."""
+    return [
+        sys.executable, "-m", "coordinator_free", "peer",
+        "--config", str(out_dir / "config.toml"),
+        "--roster", str(out_dir / "roster.json"),
+        "--key", str(roster_mod.key_path(out_dir / "keys", node)),
+        "--id", str(node),
+        "--out", str(out_dir),
+        "--progress-fd", "1",
+    ]  # fmt: skip
+
+
+def run_timeout(cfg: Config, plan) -> float:
+    """How long a run may take before its remaining peers are killed: connecting, then every
+    step at twice its deadline (plus the clock time of a paced randomized gossip), plus a minute."""
+    timeout_s = cfg.network.connect_timeout_s + (plan.steps + 2) * cfg.network.deadline_s * 2 + 60.0
+    if getattr(plan, "tick", 0.0):  # randomized gossip paced on its clocks
+        timeout_s += plan.tick * plan.edges[-1].time
+    return timeout_s
+
+
+async def supervise_peers(
     cfg: Config,
+    plan,
     out_dir: Path,
+    command: Callable[[int, list[str]], tuple[list[str], tuple[int, ...]]],
     *,
     show_progress: bool = True,
     timeout_s: float | None = None,
     on_event: Callable[[int, dict, int], None] | None = None,
+    after_spawn: Callable[[], None] | None = None,
 ) -> LocalRun:
-    """Generate keys and a roster, spawn one process per node, wait for all of them.
+    """Start one peer process per node, follow their progress, wait for all of them.
 
-    ``on_event(node, event, pid)`` is called for every progress event a peer reports (used by
-    fault-injection tests to act at a precise point of a run).
+    The run directory must already hold the config, roster and keys. ``command(node, argv)``
+    turns a node's ``cfree peer`` command line (:func:`peer_argv`) into the one to execute and
+    the file descriptors it inherits. ``after_spawn()`` runs once every process has started.
+    Peers still running at ``timeout_s`` are killed, and so is every peer still running when
+    this coroutine ends in any other way (error, Ctrl-C, cancellation).
     """
-    plan = make_plan(cfg)
     n = plan.n
-    socks = bind_sockets(cfg.network.host, n, cfg.network.base_port)
     procs: list[asyncio.subprocess.Process] = []
     try:
-        hosts = [(cfg.network.host, s.getsockname()[1]) for s in socks]
-        ros = roster_mod.generate_keys(n, out_dir / "keys", hosts=hosts, name=cfg.run.name)
-        roster_mod.save_roster(out_dir / "roster.json", ros)
         (out_dir / "logs").mkdir(exist_ok=True)
         display = ProgressDisplay(n, plan.steps, show_progress, token=cfg.walk)
         outcomes = [PeerOutcome(node=i, returncode=None) for i in range(n)]
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         t0 = time.monotonic()
-        for i, s in enumerate(socks):
-            cmd = [
-                sys.executable, "-m", "coordinator_free", "peer",
-                "--config", str(out_dir / "config.toml"),
-                "--roster", str(out_dir / "roster.json"),
-                "--key", str(roster_mod.key_path(out_dir / "keys", i)),
-                "--id", str(i),
-                "--out", str(out_dir),
-                "--listen-fd", str(s.fileno()),
-                "--progress-fd", "1",
-            ]  # fmt: skip
+        for i in range(n):
+            argv, fds = command(i, peer_argv(out_dir, i))
             procs.append(
                 await asyncio.create_subprocess_exec(
-                    *cmd,
+                    *argv,
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.PIPE,
                     stderr=asyncio.subprocess.PIPE,
-                    pass_fds=(s.fileno(),),
+                    pass_fds=fds,
                     env=env,
                 )
             )
-        # The children hold their own copies of the listening sockets now.
-        for s in socks:
-            s.close()
-        socks = []
+        if after_spawn is not None:
+            after_spawn()
         if timeout_s is None:
-            timeout_s = (
-                cfg.network.connect_timeout_s + (plan.steps + 2) * cfg.network.deadline_s * 2 + 60.0
-            )
-            if getattr(plan, "tick", 0.0):  # randomized gossip paced on its clocks
-                timeout_s += plan.tick * plan.edges[-1].time
+            timeout_s = run_timeout(cfg, plan)
         watchers = [
             asyncio.ensure_future(
                 _watch_peer(
@@ -301,8 +310,6 @@ async def launch_peers(
                     o.error = tail
         return LocalRun(out_dir=out_dir, outcomes=outcomes, wall_s=time.monotonic() - t0)
     finally:
-        for s in socks:
-            s.close()
         # Interrupted (Ctrl-C, cancellation) or failed while spawning: never leave peer
         # processes behind.
         for p in procs:
@@ -312,6 +319,52 @@ async def launch_peers(
                     await asyncio.wait_for(p.wait(), timeout=10)
                 except (TimeoutError, asyncio.CancelledError):
                     pass
+
+
+async def launch_peers(
+    cfg: Config,
+    out_dir: Path,
+    *,
+    show_progress: bool = True,
+    timeout_s: float | None = None,
+    on_event: Callable[[int, dict, int], None] | None = None,
+) -> LocalRun:
+    """Generate keys and a roster, spawn one process per node, wait for all of them.
+
+    ``on_event(node, event, pid)`` is called for every progress event a peer reports (used by
+    fault-injection tests to act at a precise point of a run).
+    """
+    plan = make_plan(cfg)
+    n = plan.n
+    socks = bind_sockets(cfg.network.host, n, cfg.network.base_port)
+    try:
+        hosts = [(cfg.network.host, s.getsockname()[1]) for s in socks]
+        ros = roster_mod.generate_keys(n, out_dir / "keys", hosts=hosts, name=cfg.run.name)
+        roster_mod.save_roster(out_dir / "roster.json", ros)
+
+        def with_socket(i: int, argv: list[str]) -> tuple[list[str], tuple[int, ...]]:
+            fd = socks[i].fileno()
+            return [*argv, "--listen-fd", str(fd)], (fd,)
+
+        def close_sockets() -> None:
+            # The children hold their own copies of the listening sockets now.
+            for s in socks:
+                s.close()
+            socks.clear()
+
+        return await supervise_peers(
+            cfg,
+            plan,
+            out_dir,
+            with_socket,
+            show_progress=show_progress,
+            timeout_s=timeout_s,
+            on_event=on_event,
+            after_spawn=close_sockets,
+        )
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _stderr_tail(path: Path, lines: int = 5) -> str:
