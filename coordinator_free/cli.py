@@ -428,12 +428,48 @@ def _print_audit(rep: dict) -> None:
 # ----------------------------------------------------------------------------------- commands
 
 
-def cmd_run(args) -> int:
+def simulator_diff(cfg, plan, out: Path, results: dict) -> float | None:
+    """max |peer - simulator| over the nodes that finished (None if none did); the simulator is
+    given the run's node streams, rebuilt from its keys."""
     from . import seeds
+    from .cluster.local import models_path
+    from .sim import simulate, simulate_learning
+
+    streams = seeds.streams_of_run(out, len(results["nodes"]))
+    if cfg.walk:
+        return _walk_against_simulator(cfg, plan, results, streams)
+    finished = [r for r in results["nodes"] if r["finished"]]
+    if not finished:
+        return None
+    if cfg.learning:
+        sim_models = simulate_learning(cfg, streams=streams).models  # (R+1, n, dim)
+        return max(
+            float(np.max(np.abs(np.load(models_path(out, r["node"])) - sim_models[:, r["node"]])))
+            for r in finished
+        )
+    sim = simulate(cfg, streams=streams)
+    return max(
+        float(np.max(np.abs(np.asarray(r["estimate"]) - sim.finals[r["node"]]))) for r in finished
+    )
+
+
+def save_summary(args, out: Path, summary: dict, finished: list) -> dict | None:
+    """Audit the run (unless --no-audit or nothing finished) into audit.json, note the verdict
+    in the summary and write summary.json; return the audit."""
     from .audit import audit_run, write_json
+
+    audit = None
+    if not args.no_audit and finished:
+        audit = audit_run(out)
+        write_json(out / "audit.json", audit)
+        summary["audit"] = {"fault_free": audit["fault_free"], "integrity": audit["integrity"]}
+    write_json(out / "summary.json", summary)
+    return audit
+
+
+def cmd_run(args) -> int:
     from .cluster import local
     from .protocols import make_plan
-    from .sim import simulate
 
     cfg = config_mod.load(args.config, args.set)
     plan = make_plan(cfg)
@@ -448,30 +484,8 @@ def cmd_run(args) -> int:
         _cancel_on_sigterm(local.launch_peers(cfg, out, show_progress=not args.quiet))
     )
     results = local.collect_results(cfg, out)
-    streams = seeds.streams_of_run(out, len(results["nodes"]))
     finished = [r for r in results["nodes"] if r["finished"]]
-    match = None
-    if cfg.walk:
-        match = _walk_against_simulator(cfg, plan, results, streams)
-    elif finished and cfg.learning:
-        from .sim import simulate_learning
-
-        sim_models = simulate_learning(cfg, streams=streams).models  # (R+1, n, dim)
-        match = max(
-            float(
-                np.max(
-                    np.abs(np.load(local.models_path(out, r["node"])) - sim_models[:, r["node"]])
-                )
-            )
-            for r in finished
-        )
-    elif finished:
-        sim = simulate(cfg, streams=streams)
-        diffs = [
-            float(np.max(np.abs(np.asarray(r["estimate"]) - sim.finals[r["node"]])))
-            for r in finished
-        ]
-        match = max(diffs)
+    match = simulator_diff(cfg, plan, out, results)
     summary = {
         "run_dir": str(out),
         "wall_s": run.wall_s,
@@ -481,12 +495,7 @@ def cmd_run(args) -> int:
             {"node": o.node, "returncode": o.returncode, "error": o.error} for o in run.failed
         ],
     }
-    audit = None
-    if not args.no_audit and finished:
-        audit = audit_run(out)
-        write_json(out / "audit.json", audit)
-        summary["audit"] = {"fault_free": audit["fault_free"], "integrity": audit["integrity"]}
-    write_json(out / "summary.json", summary)
+    audit = save_summary(args, out, summary, finished)
     if args.json:
         print(json.dumps(summary, indent=1))
     else:

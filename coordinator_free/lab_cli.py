@@ -315,33 +315,6 @@ class LinkSchedule:
         return [{"action": a, "node": v, "at_step": s} for a, v, s in self.pending]
 
 
-def _simulator_diff(cfg, plan, out: Path, results: dict) -> float | None:
-    """max |peer - simulator| over what finished, as ``cfree run`` reports it."""
-    import numpy as np
-
-    from . import seeds
-    from .cli import _walk_against_simulator
-    from .cluster.local import models_path
-    from .sim import simulate, simulate_learning
-
-    streams = seeds.streams_of_run(out, len(results["nodes"]))
-    if cfg.walk:
-        return _walk_against_simulator(cfg, plan, results, streams)
-    finished = [r for r in results["nodes"] if r["finished"]]
-    if not finished:
-        return None
-    if cfg.learning:
-        sim_models = simulate_learning(cfg, streams=streams).models  # (R+1, n, dim)
-        return max(
-            float(np.max(np.abs(np.load(models_path(out, r["node"])) - sim_models[:, r["node"]])))
-            for r in finished
-        )
-    sim = simulate(cfg, streams=streams)
-    return max(
-        float(np.max(np.abs(np.asarray(r["estimate"]) - sim.finals[r["node"]]))) for r in finished
-    )
-
-
 def _restore_links(lab: netns.Lab, schedule: LinkSchedule, already_cut: list[int]) -> None:
     """Leave a lab that outlives the run as the run found it: a link the run cut (and did not
     heal) is healed again."""
@@ -356,8 +329,13 @@ def _restore_links(lab: netns.Lab, schedule: LinkSchedule, already_cut: list[int
 
 def _run(args) -> int:
     from . import config as config_mod
-    from .audit import audit_run, write_json
-    from .cli import _cancel_on_sigterm, _print_run_summary, _run_banner
+    from .cli import (
+        _cancel_on_sigterm,
+        _print_run_summary,
+        _run_banner,
+        save_summary,
+        simulator_diff,
+    )
     from .cluster import local
     from .protocols import make_plan
 
@@ -421,7 +399,7 @@ def _run(args) -> int:
         "run_dir": str(out),
         "wall_s": run.wall_s,
         "results": results,
-        "simulator_max_abs_diff": _simulator_diff(cfg, plan, out, results),
+        "simulator_max_abs_diff": simulator_diff(cfg, plan, out, results),
         "failed": [
             {"node": o.node, "returncode": o.returncode, "error": o.error} for o in run.failed
         ],
@@ -443,12 +421,7 @@ def _run(args) -> int:
             "errors": schedule.errors,
         },
     }
-    audit = None
-    if not args.no_audit and finished:
-        audit = audit_run(out)
-        write_json(out / "audit.json", audit)
-        summary["audit"] = {"fault_free": audit["fault_free"], "integrity": audit["integrity"]}
-    write_json(out / "summary.json", summary)
+    audit = save_summary(args, out, summary, finished)
     if args.json:
         print(json.dumps(summary, indent=1))
     else:
