@@ -339,6 +339,31 @@ def from_dict(data: dict[str, Any], *, source: str = "<dict>") -> Config:
 PATH_SECTIONS = ("graph", "data")
 
 
+def portable_config(cfg: Config, subdir: str = "") -> tuple[Config, dict[str, Path]]:
+    """The config with the files it uses (an edge list, a CSV/LIBSVM dataset) renamed to paths
+    relative to its own directory, ``subdir/graph-<name>`` and ``subdir/data-<name>``, and the
+    map from those relative names to the files on this machine, to be copied there.
+
+    ``load`` resolves such paths against the config file's directory, so a config written with
+    the copies beside it reads the same anywhere (another host, a container, a run directory).
+    """
+    files: dict[str, Path] = {}
+    graph, data = cfg.graph, cfg.data
+    prefix = f"{subdir.rstrip('/')}/" if subdir else ""
+
+    def rename(kind: str, path: str) -> str:
+        base = Path(path).name
+        name = prefix + (base if base.startswith(f"{kind}-") else f"{kind}-{base}")
+        files[name] = Path(path)
+        return name
+
+    if graph.kind == "edgelist" and graph.path:
+        graph = dataclasses.replace(graph, path=rename("graph", graph.path))
+    if data.kind in ("csv", "libsvm") and data.path:
+        data = dataclasses.replace(data, path=rename("data", data.path))
+    return dataclasses.replace(cfg, graph=graph, data=data), files
+
+
 def load(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Load a TOML config (None: the built-in default) and apply ``--set`` overrides."""
     if path is None:

@@ -112,6 +112,43 @@ def test_compose_copies_files_the_config_names(tmp_path):
     assert '"./files:/cfree/files:ro"' in Path(info["compose_file"]).read_text()
 
 
+def test_keygen_makes_the_run_directory_self_contained(tmp_path):
+    """A config naming an edge list: the run directory gets a copy and a config pointing at it
+    relative to itself, so the host can audit the run where the containers' paths do not exist."""
+    edges = tmp_path / "g.edgelist"
+    edges.write_text("0 1\n1 2\n2 3\n3 0\n")
+    info = compose.write_compose(
+        config.load(None, ["graph.kind=edgelist", f"graph.path={edges}"]), tmp_path / "c"
+    )
+    run = tmp_path / "run"
+    compose.keygen_role(
+        4, 7000, config_path=Path(info["config"]), run_dir=run, keys_root=tmp_path / "keys"
+    )
+    assert "files/graph-g.edgelist" in (run / "config.toml").read_text()
+    assert (run / "files" / "graph-g.edgelist").read_text() == edges.read_text()
+    edges.unlink()  # the host's original is gone: the run directory still reads on its own
+    moved = tmp_path / "elsewhere"
+    run.rename(moved)
+    assert audit.make_plan(config.load(moved / "config.toml")).n == 4
+
+
+def test_compose_run_dir_is_always_a_host_path(tmp_path):
+    text = compose.render(3, describe="t", run_dir="run")  # a bare name would be a volume
+    assert '"${CFREE_RUN_DIR:-./run}:/cfree/run"' in text
+    assert '"${CFREE_RUN_DIR:-/abs/run}:/cfree/run"' in compose.render(
+        3, describe="t", run_dir="/abs/run"
+    )
+    # The image is built by one service only; the others use it by name.
+    assert text.count("build:") == 1 and text.count("image:") == 3 + 2
+
+
+def test_compose_refuses_a_trusted_curator_config(tmp_path):
+    cfg = config.load(ROOT / "examples" / "central-dp-breast-cancer.toml")
+    with pytest.raises(compose.ComposeError, match="trusted-curator"):
+        compose.write_compose(cfg, tmp_path / "c")
+    assert not (tmp_path / "c").exists()
+
+
 def test_compose_refuses_to_overwrite_and_names_bad_input(tmp_path):
     assert cfree("compose", "--dir", str(tmp_path)).returncode == 0
     r = cfree("compose", "--dir", str(tmp_path))
@@ -132,7 +169,9 @@ def test_keygen_role_writes_one_key_per_volume_and_refuses_an_old_run(tmp_path):
     for i in range(4):
         (only,) = list((keys / str(i)).iterdir())  # node i's volume holds node i's key only
         assert only.name == f"node-{i}.key" and only.stat().st_mode & 0o077 == 0
-    assert not (run / ".keygen").exists() and (run / "logs").is_dir()
+    # Keys were staged outside the run directory (a bind mount the host and all peers see).
+    assert sorted(p.name for p in keys.iterdir()) == ["0", "1", "2", "3"]
+    assert not list(run.rglob("*.key")) and (run / "logs").is_dir()
     assert config.load(run / "config.toml").to_toml() == config.load(cfg_path).to_toml()
     raw = (run / "roster.json").read_bytes() + (run / "config.toml").read_bytes()
     for i in range(4):
@@ -201,7 +240,14 @@ class Cluster:
         self.cmd = cmd
         self.file = compose_file
         self.project = f"cfreetest{os.getpid()}{compose_file.parent.name}".lower().replace("_", "")
-        self.env = dict(os.environ, CFREE_IMAGE=image, CFREE_RUN_DIR=str(run_dir))
+        # The offline build settings (docs/deploy.md), for the tests that run `up --build`.
+        self.env = dict(
+            os.environ,
+            CFREE_IMAGE=image,
+            CFREE_RUN_DIR=str(run_dir),
+            CFREE_BASE_IMAGE=BASE_IMAGE,
+            CFREE_PIP_OPTIONS="--no-index",
+        )
         self.run_dir = run_dir
 
     def argv(self, *args: str) -> list[str]:
@@ -300,7 +346,8 @@ def _check_isolation_and_network(c: Cluster, n: int) -> None:
 @pytest.mark.parametrize("how", ["v1", "v2"])
 def test_eight_peer_cluster_audit_equals_plan(how, peer_image, clusters, tmp_path):
     """v1 runs the top-level docker-compose.yml unchanged; v2 a file `cfree compose` wrote for a
-    different graph. Each: 8 containers to completion, auditor's audit.json == cfree plan."""
+    different graph. Each: `up --build` (the compose tool builds the image itself, from the base
+    made of Debian's packages), 8 containers to completion, auditor's audit.json == cfree plan."""
     run_dir = tmp_path / "run"
     if how == "v1":
         compose_file = ROOT / "docker-compose.yml"
@@ -311,10 +358,13 @@ def test_eight_peer_cluster_audit_equals_plan(how, peer_image, clusters, tmp_pat
         assert r.returncode == 0, r.stderr
         compose_file = d / "docker-compose.yml"
         cfg = config.load(d / "config.toml")
-    c = _cluster(clusters, how, compose_file, run_dir, peer_image)
-    r = c.call("up", "--no-build", timeout=600)
+    image = f"{peer_image}-{how}"  # built by this compose run, not the fixture's
+    subprocess.run(["docker", "rmi", "-f", image], capture_output=True)
+    c = _cluster(clusters, how, compose_file, run_dir, image)
+    r = c.call("up", "--build", timeout=1200)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert c.inspect("auditor")["State"]["ExitCode"] == 0
+    assert c.inspect("peer-0")["Config"]["Image"] == image  # the image this `up` built
     _check_isolation_and_network(c, 8)
     ros = json.loads((run_dir / "roster.json").read_text())
     assert [(e["host"], e["port"]) for e in ros["nodes"]] == [(f"peer-{i}", 7000) for i in range(8)]

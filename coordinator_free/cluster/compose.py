@@ -21,11 +21,11 @@ peer`` for a node), called by the image's entrypoint. The file uses only what ``
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from .. import config as config_mod
@@ -56,9 +56,16 @@ def key_volume(i: int) -> str:
 
 
 def node_count(cfg: config_mod.Config) -> int:
+    """The number of peers the config runs; a trusted-curator config has none to place."""
     from ..audit import make_plan
 
-    return make_plan(cfg).n
+    plan = make_plan(cfg)
+    if cfg.learning and not getattr(plan, "decentralized", True):
+        raise ComposeError(
+            f"protocol {cfg.protocol.name} is the trusted-curator baseline: one process, no "
+            "peers to run as containers (use cfree run)"
+        )
+    return plan.n
 
 
 def _q(s: str) -> str:
@@ -88,6 +95,9 @@ def render(
     """
     if n < 2:
         raise ComposeError(f"a cluster needs at least 2 nodes, the config has {n}")
+    if not run_dir.startswith(("/", "./", "../", "~")):
+        # Compose reads a bare name as a named volume, not a host directory.
+        run_dir = "./" + run_dir
     run_mount = f"${{CFREE_RUN_DIR:-{run_dir}}}:{RUN_MOUNT}"
     files = [f"./{files_dir}:{FILES_MOUNT}:ro"] if files_dir else []
     lines = [
@@ -107,9 +117,11 @@ def render(
         "services:",
     ]
 
-    def common(role_cmd: list[str]) -> list[str]:
+    def common(role_cmd: list[str], build: bool = False) -> list[str]:
+        # One service builds the image, the others use it by name: both compose versions then
+        # build it once (keygen runs first) and never try to pull it.
         out = [f"    image: {_q('${CFREE_IMAGE:-' + IMAGE + '}')}"]
-        if build_context is not None:
+        if build and build_context is not None:
             out += [
                 "    build:",
                 f"      context: {_q(build_context)}",
@@ -122,7 +134,7 @@ def render(
         out.append("    init: true")  # a real PID 1: signals reach the peer, zombies are reaped
         return out
 
-    lines += ["  keygen:", *common(["keygen", "--nodes", str(n), "--port", str(port)])]
+    lines += ["  keygen:", *common(["keygen", "--nodes", str(n), "--port", str(port)], True)]
     lines += ["    network_mode: none", "    volumes:"]
     lines += _list([f"./{config_file}:{CONFIG_MOUNT}:ro", *files, run_mount], 6)
     lines += _list([f"{key_volume(i)}:{KEYS_ROOT}/{i}" for i in range(n)], 6)
@@ -174,25 +186,13 @@ def write_compose(
     for p in (compose_path, cfg_path):
         if p.exists() and not force:
             raise ComposeError(f"{p} already exists (--force overwrites it)")
-    # Files the config points at live on this machine; the containers see copies under files/.
-    copies: dict[str, Path] = {}
-    for sec in config_mod.PATH_SECTIONS:
-        src = getattr(getattr(cfg, sec), "path", None)
-        if src:
-            copies[sec] = Path(src)
+    # Files the config uses live on this machine; the containers see copies under files/.
+    container_cfg, copies = config_mod.portable_config(cfg, "files")
     files_dir = "files" if copies else None
-    container_cfg = cfg
-    cfg_dir_to_files = os.path.relpath(out_dir / "files", cfg_path.parent) if copies else None
-    for sec, src in copies.items():
-        name = f"{sec}-{src.name}"
-        section = dataclasses.replace(
-            getattr(container_cfg, sec), path=f"{cfg_dir_to_files}/{name}"
-        )
-        container_cfg = dataclasses.replace(container_cfg, **{sec: section})
-    if copies and cfg_path.parent.resolve() != out_dir.resolve():
+    if copies and Path(config_file).parent != Path("."):
         raise ComposeError(
             "a config that names a graph or data file must sit next to the compose file "
-            "(the containers resolve its paths against /cfree)"
+            "(--config-file without a directory): its paths are resolved against /cfree"
         )
     build_context = None
     if (PROJECT_ROOT / "peer" / "Dockerfile").is_file():
@@ -202,10 +202,9 @@ def write_compose(
         build_context = os.path.relpath(PROJECT_ROOT, where) if inside else str(PROJECT_ROOT)
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg_path.parent.mkdir(parents=True, exist_ok=True)
-    if copies:
-        (out_dir / "files").mkdir(exist_ok=True)
-        for sec, src in copies.items():
-            shutil.copyfile(src, out_dir / "files" / f"{sec}-{src.name}")
+    for name, src in copies.items():
+        (out_dir / name).parent.mkdir(exist_ok=True)
+        shutil.copyfile(src, out_dir / name)
     cfg_path.write_text(container_cfg.to_toml())
     text = render(
         n,
@@ -222,7 +221,7 @@ def write_compose(
         "config": str(cfg_path),
         "nodes": n,
         "build_context": build_context,
-        "files": sorted(str(out_dir / "files" / f"{s}-{p.name}") for s, p in copies.items()),
+        "files": sorted(str(out_dir / name) for name in copies),
     }
 
 
@@ -260,10 +259,11 @@ def keygen_role(
             "roster: move them away first"
         )
     hosts = [(service(i), port) for i in range(n)]
-    staged = run_dir / ".keygen"
-    if staged.exists():
-        shutil.rmtree(staged)
-    ros = roster_mod.generate_keys(n, staged, hosts=hosts, name=cfg.run.name)
+    # Keys are made in the container's own file system, never in the run directory (a bind
+    # mount every peer and the host see), then each goes to the volume of its node only.
+    keys_root.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(prefix=".keygen-", dir=keys_root))
+    ros = roster_mod.generate_keys(n, staged / "keys", hosts=hosts, name=cfg.run.name)
     try:
         for i in range(n):
             dest_dir = keys_root / str(i)
@@ -273,10 +273,18 @@ def keygen_role(
             # that no longer exists, and this node's new key replaces it.
             for old in dest_dir.glob("node-*.key"):
                 old.unlink()
-            shutil.move(str(roster_mod.key_path(staged, i)), roster_mod.key_path(dest_dir, i))
+            shutil.move(
+                str(roster_mod.key_path(staged / "keys", i)), roster_mod.key_path(dest_dir, i)
+            )
     finally:
         shutil.rmtree(staged, ignore_errors=True)
-    (run_dir / "config.toml").write_text(cfg.to_toml())
+    # The run directory is self-contained: the files the config uses go in with it, so the
+    # host (or anyone the directory is handed to) can audit it with `cfree audit`.
+    portable, files = config_mod.portable_config(cfg, "files")
+    for name, src in files.items():
+        (run_dir / name).parent.mkdir(exist_ok=True)
+        shutil.copyfile(src, run_dir / name)
+    (run_dir / "config.toml").write_text(portable.to_toml())
     (run_dir / "logs").mkdir(exist_ok=True)
     (run_dir / "results").mkdir(exist_ok=True)
     roster_mod.save_roster(roster_path, ros)
