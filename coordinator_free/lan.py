@@ -43,6 +43,8 @@ import textwrap
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
+from .config import portable_config
+
 DEFAULT_PORT = 7000
 DEFAULT_REMOTE_DIR = "/opt/cfree/run"
 DEFAULT_KEY_PATH = "/etc/cfree/node.key"
@@ -301,25 +303,6 @@ def _with_id(path: str) -> str:
     return str(p.with_name(f"{p.stem}-{{id}}{p.suffix}"))
 
 
-def _portable_config(cfg) -> tuple[object, dict[str, Path]]:
-    """The config with graph.path / data.path pointing at copies next to config.toml.
-
-    ``config.load`` resolves those paths to absolute paths on this machine; the hosts get the
-    files themselves, under names relative to the config (which ``config.load`` resolves
-    against the config file's directory on the host)."""
-    extra: dict[str, Path] = {}
-    graph, data = cfg.graph, cfg.data
-    if graph.kind == "edgelist" and graph.path:
-        name = "graph-" + Path(graph.path).name
-        extra[name] = Path(graph.path)
-        graph = replace(graph, path=name)
-    if data.kind in ("csv", "libsvm") and data.path:
-        name = "data-" + Path(data.path).name
-        extra[name] = Path(data.path)
-        data = replace(data, path=name)
-    return replace(cfg, graph=graph, data=data), extra
-
-
 def plan_deployment(
     hosts: list[HostLine],
     cfg,
@@ -407,7 +390,8 @@ def plan_deployment(
                     f"e.g. {option} '{_with_id(paths[i])}'"
                 )
 
-    portable, extra = _portable_config(cfg)
+    # Files the config uses travel beside it, under names relative to it.
+    portable, extra = portable_config(cfg)
     config_text = portable.to_toml()
     neighbours = {v: tuple(plan.neighbours(v)) for v in range(plan.n)}
     nodes = []
@@ -571,6 +555,7 @@ def _host_readme(node, ros, cfg, hosts, user, extra, generate_keys) -> str:
         (unit, "the same command as a systemd unit"),
     ]
     width = max(len(f) for f, _ in files)
+    target = f"{user}@{_scp_host(node.host)}"
     h = hosts[i]
     lines = [
         f"Node {i} of run {ros.name!r} (run id {ros.run_id}): {node.host}, line {h.line} of "
@@ -583,13 +568,18 @@ def _host_readme(node, ros, cfg, hosts, user, extra, generate_keys) -> str:
         f"1. Copy these files to {d}/ on {node.host} (owned by {user}):",
         *(f"     {f.ljust(width)}  {what}" for f, what in files),
         "   e.g. from the directory `cfree roster` wrote (where roster.json is):",
-        f"     scp -p hosts/node-{i}/* {user}@{_scp_host(node.host)}:{d}/",
+        # The files are named one by one, never globbed: a node.key made by --generate-keys
+        # sits in the same directory and must not travel with the shared files.
+        f"     (cd hosts/node-{i} && scp -p {shlex.join(f for f, _ in files)} {target}:{d}/)",
     ]
     if generate_keys:
         lines += [
-            f"   The private key is in this directory ({KEY_FILE}; --generate-keys made it on the",
-            "   organiser's machine). It must reach only this host:",
-            f"     {KEY_FILE} -> {node.key_path}  (owner {user}, mode 0600)",
+            f"   The private key is in hosts/node-{i}/{KEY_FILE} (--generate-keys made it on the",
+            "   organiser's machine). It is not one of the shared files above: it goes to this",
+            "   host only, on its own, to the key path start.sh reads (--key-path):",
+            f"     scp -p hosts/node-{i}/{KEY_FILE} {target}:{node.key_path}",
+            f"   Its directory must exist first; it must be owned by {user} with mode 0600",
+            f"   (scp -p keeps 0600; otherwise: chmod 600 {node.key_path} on {node.host}).",
         ]
     else:
         lines += [

@@ -2,9 +2,9 @@
 switch, so runs cross a real network stack; link cuts; cleanup however a lab ends; `cfree lab`.
 
 Pure parts first (addresses, names, records, the cut schedule). The tests that create
-namespaces need root and iproute2's `ip`, and are skipped, saying so, without them. Every lab
-gets a name unique to this test process, so parallel or leftover runs cannot clash. Tests named
-*_cli_* run `python -m coordinator_free lab ...` in a subprocess; the others call the commands
+namespaces need root and iproute2's `ip`, and are skipped, saying so, without them (in CI,
+CI=true, they fail instead). Every lab gets a name unique to this test process, so parallel or
+leftover runs cannot clash. Tests named *_cli_* run `python -m coordinator_free lab ...` in a subprocess; the others call the commands
 in process through :func:`coordinator_free.lab_cli.add_lab_parser`.
 """
 
@@ -47,7 +47,31 @@ def _why_no_netns() -> str | None:
     return None
 
 
-needs_netns = pytest.mark.skipif(_why_no_netns() is not None, reason=_why_no_netns() or "")
+IN_CI = os.environ.get("CI") == "true"
+
+
+def _unavailable(reason: str | None) -> None:
+    """Skip, saying why, when something a test needs is missing; in CI (CI=true) fail instead,
+    so a CI runner without it cannot pass by silently skipping the test."""
+    if reason is None:
+        return
+    if IN_CI:
+        pytest.fail(f"{reason} (CI=true: failing instead of skipping)", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def _netns_available() -> None:
+    _unavailable(_why_no_netns())
+
+
+@pytest.fixture
+def _ip_available() -> None:
+    _unavailable(None if shutil.which("ip") else "needs iproute2's `ip` command")
+
+
+# Tests that create namespaces: skipped without root or `ip`, failed for that in CI.
+needs_netns = pytest.mark.usefixtures("_netns_available")
 
 
 def lab_name(tag: str) -> str:
@@ -161,7 +185,86 @@ def test_without_root_or_ip_the_error_says_so(monkeypatch):
     assert lab_main("up", "--nodes", "2", "--name", "noroot") == 2
 
 
-@pytest.mark.skipif(shutil.which("ip") is None, reason="needs iproute2's `ip` command")
+class _FakeIp:
+    """Stands in for :func:`netns.ip`: keeps a set of namespaces; deleting one of ``busy`` fails
+    as a namespace still in use would, and so does any command starting with ``fail_on``."""
+
+    def __init__(self, busy=(), fail_on=None):
+        self.namespaces: set[str] = set()
+        self.busy = set(busy)
+        self.fail_on = fail_on
+        self.deleted: list[str] = []
+
+    def __call__(self, *args, ns=None):
+        if self.fail_on and args[: len(self.fail_on)] == self.fail_on:
+            raise netns.LabError(f"`ip {' '.join(args)}` failed (exit 2): injected")
+        if args[:2] == ("netns", "add"):
+            self.namespaces.add(args[2])
+        elif args[:2] == ("netns", "list"):
+            return "".join(f"{n} (id: 1)\n" for n in sorted(self.namespaces))
+        elif args[:2] == ("netns", "delete"):
+            if args[2] in self.busy:
+                raise netns.LabError(
+                    f"`ip netns delete {args[2]}` failed (exit 1): Device or resource busy"
+                )
+            self.namespaces.discard(args[2])
+            self.deleted.append(args[2])
+        return ""
+
+
+@pytest.fixture
+def fake_ip(monkeypatch, tmp_path):
+    fake = _FakeIp()
+    monkeypatch.setattr(netns, "ip", fake)
+    monkeypatch.setattr(netns, "check_environment", lambda: None)
+    monkeypatch.setattr(netns, "STATE_DIR", tmp_path)
+    return fake
+
+
+def test_down_tries_every_namespace_and_keeps_the_record_while_one_remains(fake_ip):
+    lab = netns.up(3, "del")
+    record = netns.state_path("del")
+    assert record.exists() and fake_ip.namespaces == set(lab.namespaces())
+    fake_ip.busy = {lab.ns(1)}
+    with pytest.raises(netns.LabError) as exc:
+        netns.down("del")
+    msg = str(exc.value)
+    assert f"ip netns delete {lab.ns(1)}` failed" in msg and "Device or resource busy" in msg
+    assert "1 failure(s)" in msg and "record" in msg and "--name del" in msg
+    assert msg.count("ip netns delete") == 1  # only the failure is named
+    assert fake_ip.deleted == [lab.ns(0), lab.ns(2), lab.switch]  # the rest went, switch last
+    assert fake_ip.namespaces == {lab.ns(1)}
+    assert record.exists()  # a namespace remains: the record stays, so `down` finds the lab
+    fake_ip.busy = set()
+    r = netns.down("del")
+    assert r.namespaces == [lab.ns(1)] and r.record
+    assert not fake_ip.namespaces and not record.exists()
+
+
+def test_down_names_every_namespace_it_could_not_delete(fake_ip):
+    lab = netns.up(3, "del2")
+    fake_ip.busy = {lab.ns(0), lab.ns(2)}
+    with pytest.raises(netns.LabError, match=r"2 failure\(s\)") as exc:
+        netns.down("del2")
+    assert lab.ns(0) in str(exc.value) and lab.ns(2) in str(exc.value)
+    assert fake_ip.namespaces == {lab.ns(0), lab.ns(2)} and netns.state_path("del2").exists()
+
+
+def test_a_failed_up_removes_every_namespace_it_can_and_keeps_the_record_otherwise(fake_ip):
+    fake_ip.fail_on = ("addr", "add")  # the first host's address: sw and h0 exist by then
+    fake_ip.busy = {"upf-h0"}
+    with pytest.raises(netns.LabError, match="injected") as exc:
+        netns.up(3, "upf")
+    assert fake_ip.deleted == ["upf-sw"]  # tried although the host (deleted first) failed
+    assert fake_ip.namespaces == {"upf-h0"} and netns.state_path("upf").exists()
+    assert "ip netns delete upf-h0" in "\n".join(exc.value.__notes__)
+    fake_ip.busy = set()
+    with pytest.raises(netns.LabError, match="injected"):
+        netns.up(3, "upf2")
+    assert not netns.state_path("upf2").exists()  # cleaned up entirely: no record left
+
+
+@pytest.mark.usefixtures("_ip_available")
 def test_a_failing_ip_command_is_named_with_its_error():
     with pytest.raises(netns.LabError) as exc:
         netns.ip("link", "show", "no-such-dev0")

@@ -513,6 +513,43 @@ def test_generate_keys_only_for_a_test_and_each_key_stays_in_its_host_dir(tmp_pa
         assert_no_secret(others, [k])
 
 
+def _readme_copy_commands(readme: str) -> tuple[str, list[str], str, list[str]]:
+    """The README's command copying the shared files: (source dir, file names, destination
+    dir), and every other scp line."""
+    copy = [x.strip() for x in readme.splitlines() if "&& scp -p" in x]
+    assert len(copy) == 1, readme
+    m = re.fullmatch(r"\(cd (\S+) && scp -p (.+) \S+@\S+?:(\S+)/\)", copy[0])
+    assert m, copy[0]
+    others = [x.strip() for x in readme.splitlines() if "scp" in x and "&& scp -p" not in x]
+    return m[1], shlex.split(m[2]), m[3], [x for x in others if x.startswith("scp ")]
+
+
+@pytest.mark.parametrize("generate", [True, False])
+def test_readme_copies_the_shared_files_and_never_a_generated_key_with_them(
+    tmp_path, capsys, generate
+):
+    extra = ("--generate-keys",) if generate else ()
+    out = build_lan(tmp_path, *extra, "--key-path", "/etc/cfree/node-{id}.key", keys=not generate)
+    capsys.readouterr()
+    for i in range(3):
+        d = out / "hosts" / f"node-{i}"
+        src, names, dest, key_lines = _readme_copy_commands((d / "README.txt").read_text())
+        assert (src, dest) == (f"hosts/node-{i}", lan.DEFAULT_REMOTE_DIR)
+        # Named one by one (no glob that could match node.key), each a file of that directory.
+        assert not any(c in n for n in names for c in "*?[{")
+        assert lan.KEY_FILE not in names and all("key" not in n for n in names)
+        assert set(names) == {p.name for p in d.iterdir()} - {lan.KEY_FILE, "README.txt"}
+        key_path = f"/etc/cfree/node-{i}.key"
+        assert f"--key {key_path}" in (d / "start.sh").read_text()
+        if generate:
+            assert (d / lan.KEY_FILE).is_file()
+            # The key has its own line, to the key path start.sh reads, not the run directory.
+            assert key_lines == [f"scp -p {src}/{lan.KEY_FILE} cfree@192.168.1.{11 + i}:{key_path}"]
+            assert "chmod 600" in (d / "README.txt").read_text()
+        else:
+            assert not (d / lan.KEY_FILE).exists() and key_lines == []
+
+
 # ----------------------------------------------------------------------------- real LAN flow
 
 

@@ -412,10 +412,16 @@ def up(nodes: int, name: str = DEFAULT_NAME, subnet: str = DEFAULT_SUBNET) -> La
                 f"by an interrupted lab?): `cfree lab down{hint}` removes them"
             )
         _create(lab, created)
-    except BaseException:
-        with contextlib.suppress(LabError):
-            _delete_namespaces(reversed(created))
-        path.unlink(missing_ok=True)
+    except BaseException as exc:
+        _, errors = _delete_namespaces(reversed(created))
+        if errors:
+            # Some namespaces could not be removed: keep the record, so `down` finds the lab.
+            exc.add_note(
+                f"could not remove every namespace of lab {name!r} (its record {path} is kept; "
+                f"`cfree lab down{hint}` removes what remains):\n" + "\n".join(errors)
+            )
+        else:
+            path.unlink(missing_ok=True)
         raise
     return lab
 
@@ -447,12 +453,21 @@ def _stop_processes(ns: str) -> list[int]:
     return pids
 
 
-def _delete_namespaces(names) -> list[int]:
-    stopped = []
+def _delete_namespaces(names) -> tuple[list[int], list[str]]:
+    """Stop what runs in each namespace and delete it, in order. A failure does not stop the
+    others from being tried; returns the pids stopped and one message per failure."""
+    stopped: list[int] = []
+    errors: list[str] = []
     for ns in names:
-        stopped += _stop_processes(ns)
-        ip("netns", "delete", ns)
-    return stopped
+        try:
+            stopped += _stop_processes(ns)
+        except LabError as exc:
+            errors.append(f"{ns}: {exc}")
+        try:
+            ip("netns", "delete", ns)
+        except LabError as exc:
+            errors.append(f"{ns}: {exc}")
+    return stopped, errors
 
 
 @dataclass
@@ -478,10 +493,29 @@ def down(name: str = DEFAULT_NAME) -> Removed:
         note = f"{exc}; removed the namespaces named like the lab's"
     sw = switch_namespace(name)
     targets = sorted(leftovers(name), key=lambda ns: (ns == sw, len(ns), ns))
-    stopped = _delete_namespaces(targets)
+    stopped, errors = _delete_namespaces(targets)
+    try:
+        remaining = leftovers(name)
+    except LabError as exc:
+        remaining = None  # unknown: keep the record
+        errors.append(f"cannot tell which namespaces remain: {exc}")
+    if remaining and not errors:
+        errors.append(f"namespace(s) {', '.join(remaining)} still exist")
     path = state_path(name)
     record = path.exists()
-    path.unlink(missing_ok=True)
+    if remaining == []:  # the record goes only once none of the lab's namespaces is left
+        path.unlink(missing_ok=True)
+    if errors:
+        hint = "" if name == DEFAULT_NAME else f" --name {name}"
+        kept = (
+            f"; its record {path} is kept, `cfree lab down{hint}` again removes what remains"
+            if record and remaining != []
+            else ""
+        )
+        raise LabError(
+            f"lab {name!r} was not entirely removed ({len(errors)} failure(s){kept}):\n"
+            + "\n".join(f"  {e}" for e in errors)
+        )
     return Removed(name=name, namespaces=targets, stopped=stopped, record=record, note=note)
 
 
