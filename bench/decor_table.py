@@ -38,8 +38,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from coordinator_free import audit, config, sim  # noqa: E402
-from coordinator_free.protocols import learning as lp  # noqa: E402
+from coordinator_free import config, sim  # noqa: E402
+from coordinator_free.accounting import audit  # noqa: E402
+from coordinator_free.families.learning import protocol as lp  # noqa: E402
 
 TASKS = {
     "quadratic": "examples/decor-ring.toml",

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .graphs import GRAPH_KINDS, WEIGHT_SCHEMES
-from .learning.datasets import DATASET_KINDS  # numpy only; scikit-learn is imported on use
+from coordinator_free.graphs import GRAPH_KINDS, WEIGHT_SCHEMES
+from coordinator_free.ml.datasets import (
+    DATASET_KINDS,  # numpy only; scikit-learn is imported on use
+)
 
 #: Private averaging (one noisy value per node, then gossip).
 AVERAGING_PROTOCOLS = ("muffliato", "randomized-gossip")
@@ -220,7 +222,7 @@ class Config:
             return int(g.rows) * int(g.cols)
         if g.kind == "hypercube":
             return 2 ** int(g.dim)
-        from .graphs import read_edgelist
+        from coordinator_free.graphs import read_edgelist
 
         return read_edgelist(g.path).number_of_nodes()
 

@@ -105,7 +105,7 @@ def streams_of_run(run_dir, n: int) -> PerNodeStreams:
     """The node streams of a local run directory (reads every private key under keys/)."""
     from pathlib import Path
 
-    from . import roster as roster_mod
+    from coordinator_free import roster as roster_mod
 
     run_dir = Path(run_dir)
     ros = roster_mod.load_roster(run_dir / "roster.json")

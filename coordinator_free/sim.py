@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import seeds
-from .config import Config
-from .protocols import make_plan
-from .protocols import muffliato as mf
-from .protocols import randomized as rg
+from coordinator_free import seeds
+from coordinator_free.config import Config
+from coordinator_free.families import make_plan
+from coordinator_free.families.averaging import protocol as mf
+from coordinator_free.families.randomized import protocol as rg
 
 
 @dataclass
@@ -105,7 +105,7 @@ def simulate_learning(
     """Run a learning protocol in one process with the peers' exact update order: each node's
     local step, then K gossip steps with the terms in increasing node-id order, so a fault-free
     networked run gives bit-identical models (given the same streams)."""
-    from .protocols import learning as lp
+    from coordinator_free.families.learning import protocol as lp
 
     plan = lp.make_plan(cfg)
     task = lp.make_task(cfg, plan.n)
@@ -144,7 +144,7 @@ def simulate_learning(
 
 def _decor_terms(plan, streams):
     """decor's correlated term of node v in round r, every pair active (the fault-free run)."""
-    from .protocols import decor
+    from coordinator_free.families.decor import keys as decor
 
     pairs = decor.PairSecrets.of_streams(streams, plan.graph.edges())
     memo: dict[tuple[int, int, int], np.ndarray] = {}  # (round, lo, hi) -> z, used by both ends
@@ -180,7 +180,7 @@ def simulate_walk(cfg: Config, streams: seeds.Streams | None = None) -> WalkSimR
     """Run every token of a token protocol to its end in one process, fault-free, with the peers'
     exact step math and hop draws (bit-identical to a fault-free networked run given the same
     streams)."""
-    from .protocols import walk as wk
+    from coordinator_free.families.walk import protocol as wk
 
     plan = wk.make_plan(cfg)
     streams = streams if streams is not None else seeds.PublicSeedStreams(cfg.run.seed)

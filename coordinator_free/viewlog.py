@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .codec import CodecError, pack, unpack
+from coordinator_free.codec import CodecError, pack, unpack
 
 try:  # POSIX advisory locks keep two processes from writing one log.
     import fcntl

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coordinator_free import audit
+from coordinator_free.accounting import audit
 
 
 def cfree_run_json(config: Path, overrides: list[str], out: Path, timeout: float = 240) -> dict:

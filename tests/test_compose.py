@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator_free import audit, config
+from coordinator_free import config
+from coordinator_free.accounting import audit
 from coordinator_free.cluster import compose
 from coordinator_free.viewlog import read_viewlog
 from tests.netrun import assert_audit_equals_plan

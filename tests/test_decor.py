@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from coordinator_free import audit, config, seeds, sim
+from coordinator_free import config, seeds, sim
+from coordinator_free.accounting import audit
 from coordinator_free.cluster import local
 from coordinator_free.config import ConfigError
-from coordinator_free.protocols import decor
-from coordinator_free.protocols import learning as lp
+from coordinator_free.families.decor import keys as decor
+from coordinator_free.families.learning import protocol as lp
 from coordinator_free.viewlog import read_viewlog
 from tests.netrun import cfree_run_json
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from coordinator_free import config, graphs, seeds, sim
-from coordinator_free.protocols import muffliato as mf
+from coordinator_free.families.averaging import protocol as mf
 
 
 def test_metropolis_weights_match_the_papers_experiments():

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coordinator_free import audit, config, seeds, sim
+from coordinator_free import config, seeds, sim
+from coordinator_free.accounting import audit
 from coordinator_free.cluster import local
 from coordinator_free.viewlog import read_viewlog
 
@@ -351,7 +352,7 @@ def test_a_nodes_noise_cannot_be_recomputed_from_the_config(ring_run):
     vl = read_viewlog(out / "logs" / "node-0.vlog")
     (first,) = [r for r in vl.records if r["k"] == "recv" and r["step"] == 0 and r["peer"] == 1]
     pub = seeds.PublicSeedStreams(cfg.run.seed)
-    from coordinator_free.protocols import muffliato as mf
+    from coordinator_free.families.averaging import protocol as mf
 
     guess = mf.private_value(cfg, 1, pub) + mf.local_noise(cfg, 1, pub)
     assert not np.allclose(first["value"], guess)

@@ -5,7 +5,7 @@ Pure parts first (addresses, names, records, the cut schedule). The tests that c
 namespaces need root and iproute2's `ip`, and are skipped, saying so, without them (in CI,
 CI=true, they fail instead). Every lab gets a name unique to this test process, so parallel or
 leftover runs cannot clash. Tests named *_cli_* run `python -m coordinator_free lab ...` in a subprocess; the others call the commands
-in process through :func:`coordinator_free.lab_cli.add_lab_parser`.
+in process through :func:`coordinator_free.cli.lab.add_lab_parser`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ import pytest
 from netrun import assert_audit_equals_plan
 
 import coordinator_free
-from coordinator_free import audit, config, lab_cli, seeds, sim
+from coordinator_free import config, seeds, sim
+from coordinator_free.accounting import audit
+from coordinator_free.cli import lab as lab_cli
 from coordinator_free.cluster import local, netns
-from coordinator_free.protocols import make_plan
+from coordinator_free.families import make_plan
 from coordinator_free.viewlog import read_viewlog
 
 N = 8

@@ -7,7 +7,7 @@ processes in parallel, the generated collect.sh fetches their logs (through a st
 that copies local paths) and the audit of the collected directory equals the plan.
 
 Tests named *_cli_* run `python -m coordinator_free keypair|roster` as subprocesses; the others
-call the commands in process through :func:`coordinator_free.lan.add_parsers`.
+call the commands in process through :func:`coordinator_free.cluster.lan.add_parsers`.
 """
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from netrun import assert_audit_equals_plan
 
 import coordinator_free
-from coordinator_free import audit, config, lan, roster, seeds, sim
-from coordinator_free.protocols import make_plan
+from coordinator_free import config, roster, seeds, sim
+from coordinator_free.accounting import audit
+from coordinator_free.cluster import lan
+from coordinator_free.families import make_plan
 
 REPO = Path(coordinator_free.__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -49,7 +51,7 @@ def key_hex() -> str:
 
 
 def lan_main(*argv) -> int:
-    """A command of coordinator_free.lan, parsed and run as cfree would run it."""
+    """A command of coordinator_free.cluster.lan, parsed and run as cfree would run it."""
     parser = argparse.ArgumentParser(prog="cfree")
     sub = parser.add_subparsers(dest="command")
     lan.add_parsers(sub)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coordinator_free.learning import (
+from coordinator_free.ml import (
     DataError,
     clip_rows,
     clipped_mean_grad,
@@ -14,7 +14,7 @@ from coordinator_free.learning import (
     make_model,
     save_shard,
 )
-from coordinator_free.learning.partition import partition
+from coordinator_free.ml.partition import partition
 
 # ---------------------------------------------------------------------------------------------
 # models

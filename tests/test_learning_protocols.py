@@ -23,10 +23,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coordinator_free import audit, cli, config, seeds, sim
+from coordinator_free import cli, config, seeds, sim
+from coordinator_free.accounting import audit
 from coordinator_free.cluster import local
-from coordinator_free.protocols import learning as lp
-from coordinator_free.protocols import make_plan
+from coordinator_free.families import make_plan
+from coordinator_free.families.learning import protocol as lp
 from coordinator_free.viewlog import read_viewlog
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -19,12 +19,13 @@ import numpy as np
 import pytest
 from netrun import assert_audit_equals_plan, cfree_run_json
 
-from coordinator_free import audit, config, graphs, seeds, sim
+from coordinator_free import config, graphs, seeds, sim
+from coordinator_free.accounting import audit
 from coordinator_free.cluster import local
+from coordinator_free.families import make_plan
+from coordinator_free.families.randomized import protocol as rg
 from coordinator_free.privacy import muffliato as acct
 from coordinator_free.privacy import pairwise as pw
-from coordinator_free.protocols import make_plan
-from coordinator_free.protocols import randomized as rg
 from coordinator_free.viewlog import read_viewlog
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "randomized-gossip-ring.toml"
@@ -419,7 +420,7 @@ def test_above_the_exact_limit_the_plan_reports_the_structural_bound():
 
 def test_step_engine_rejects_a_neighbour_that_is_not_this_steps_partner():
     from coordinator_free.net.wire import Message
-    from coordinator_free.peer import _StepEngine
+    from coordinator_free.peer.runner import _StepEngine
 
     class Log:
         def __init__(self):

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coordinator_free import audit, config, seeds, sim
+from coordinator_free import config, seeds, sim
+from coordinator_free.accounting import audit
 from coordinator_free.cluster import local
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,8 +73,8 @@ def test_plan_for_the_papers_2048_node_hypercube():
     ],
 )
 def test_token_protocols_at_full_size_equal_the_simulator(tmp_path, example, extra):
-    from coordinator_free import audit_walk
-    from coordinator_free.protocols import make_plan
+    from coordinator_free.families import make_plan
+    from coordinator_free.families.walk import accountant as audit_walk
 
     # A hand-off not acknowledged by its deadline is re-routed, which changes the walk; on a
     # loaded 2-core machine 64 processes can starve one past 10 s, so allow a wide margin here.

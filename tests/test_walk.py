@@ -17,10 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coordinator_free import audit, audit_walk, config, seeds, sim
+from coordinator_free import config, seeds, sim
+from coordinator_free.accounting import audit
 from coordinator_free.cluster import local
-from coordinator_free.protocols import make_plan
-from coordinator_free.protocols import walk as wk
+from coordinator_free.families import make_plan
+from coordinator_free.families.walk import accountant as audit_walk
+from coordinator_free.families.walk import protocol as wk
 from tests.netrun import cfree_run_json
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

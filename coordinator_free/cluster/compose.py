@@ -28,8 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .. import config as config_mod
-from .. import roster as roster_mod
+from coordinator_free import config as config_mod
+from coordinator_free import roster as roster_mod
 
 IMAGE = "coordinator-free-peer:latest"
 PORT = 7000
@@ -57,7 +57,7 @@ def key_volume(i: int) -> str:
 
 def node_count(cfg: config_mod.Config) -> int:
     """The number of peers the config runs; a trusted-curator config has none to place."""
-    from ..audit import make_plan
+    from coordinator_free.accounting.audit import make_plan
 
     plan = make_plan(cfg)
     if cfg.learning and not getattr(plan, "decentralized", True):
@@ -293,8 +293,8 @@ def keygen_role(
 
 def audit_role(run_dir: Path = Path(RUN_MOUNT)) -> dict:
     """The auditor service: replay the logs, write ``audit.json`` beside them, print the report."""
-    from ..audit import audit_run, write_json
-    from ..cli import _print_audit
+    from coordinator_free.accounting.audit import audit_run, write_json
+    from coordinator_free.cli import _print_audit
 
     rep = audit_run(run_dir)
     write_json(run_dir / "audit.json", rep)
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=PORT)
     sub.add_parser("audit", help="audit the run directory, write audit.json")
     args = parser.parse_args(argv)
-    from ..audit import AuditError
+    from coordinator_free.accounting.audit import AuditError
 
     try:
         if args.role == "keygen":

@@ -33,12 +33,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import roster as roster_mod
-from .. import seeds
-from ..config import Config
-from ..protocols import make_plan
-from ..protocols import muffliato as mf
-from ..protocols.learning import models_path
+from coordinator_free import roster as roster_mod
+from coordinator_free import seeds
+from coordinator_free.config import Config
+from coordinator_free.families import make_plan
+from coordinator_free.families.averaging import protocol as mf
+from coordinator_free.families.learning.protocol import models_path
 
 
 class LaunchError(RuntimeError):
@@ -396,7 +396,7 @@ def _traffic(res: dict) -> dict:
 def collect_learning_results(cfg: Config, out_dir: Path) -> dict:
     """Per-node final test accuracy/loss and traffic; metrics.jsonl of the node-average model
     per round (over the nodes that finished)."""
-    from ..protocols import learning as lp
+    from coordinator_free.families.learning import protocol as lp
 
     plan = make_plan(cfg)
     task = lp.make_task(cfg, plan.n)

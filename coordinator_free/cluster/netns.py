@@ -45,10 +45,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import roster as roster_mod
-from ..config import Config
-from ..protocols import make_plan
-from .local import LaunchError, LocalRun, supervise_peers
+from coordinator_free import roster as roster_mod
+from coordinator_free.cluster.local import LaunchError, LocalRun, supervise_peers
+from coordinator_free.config import Config
+from coordinator_free.families import make_plan
 
 DEFAULT_NAME = "cfree"
 DEFAULT_SUBNET = "10.213.0.0/16"

@@ -35,7 +35,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from .channel import (
+from coordinator_free.net.channel import (
     DEFAULT_MAX_FRAME,
     TAG_SIZE,
     AuthenticationError,
@@ -49,7 +49,7 @@ from .channel import (
     dup_dial_action,
     edge_leader,
 )
-from .wire import Message, WireError, decode_message, encode_message
+from coordinator_free.net.wire import Message, WireError, decode_message, encode_message
 
 __all__ = [
     "Inbound",

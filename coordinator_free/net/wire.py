@@ -27,7 +27,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from .. import codec
+from coordinator_free import codec
 
 __all__ = [
     "ALLOWED_KINDS",

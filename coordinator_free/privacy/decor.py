@@ -105,7 +105,7 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 from scipy.sparse import csgraph
 
-from . import rdp
+from coordinator_free.privacy import rdp
 
 __all__ = [
     "TooManyCoalitions",

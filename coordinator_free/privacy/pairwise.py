@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from .muffliato import (
+from coordinator_free.privacy.muffliato import (
     RATIONAL_MAX_BITS,
     RATIONAL_MAX_NODES,
     ExactTooLargeError,

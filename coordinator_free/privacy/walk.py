@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from scipy import optimize, special, stats
 
-from . import rdp
+from coordinator_free.privacy import rdp
 
 __all__ = [
     # realised

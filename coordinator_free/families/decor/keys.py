@@ -40,8 +40,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from .. import seeds
-from ..keyed_normal import standard_normals
+from coordinator_free import seeds
+from coordinator_free.keyed_normal import standard_normals
 
 PURPOSE_NOISE = 1
 PURPOSE_COMMIT = 2

@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .net.transport import Inbound, PeerDown, PeerUp
-from .net.wire import Message
-from .protocols import walk as wk
+from coordinator_free.families.walk import protocol as wk
+from coordinator_free.net.transport import Inbound, PeerDown, PeerUp
+from coordinator_free.net.wire import Message
 
 
 @dataclass
@@ -319,7 +319,7 @@ class TokenEngine:
 
     async def _finish(self) -> None:
         """Say done to every neighbour and wait (bounded) for theirs."""
-        from .peer import say_goodbye
+        from coordinator_free.peer.runner import say_goodbye
 
         def after_end(peer: int, m: Message) -> None:
             if m.kind == "token":

@@ -37,11 +37,11 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 
-from .. import graphs, seeds
-from ..config import Config, ConfigError, DataSection, ModelSection
-from ..learning import datasets, models
-from ..learning.partition import partition as split_shards
-from . import muffliato as mf
+from coordinator_free import graphs, seeds
+from coordinator_free.config import Config, ConfigError, DataSection, ModelSection
+from coordinator_free.families.averaging import protocol as mf
+from coordinator_free.ml import datasets, models
+from coordinator_free.ml.partition import partition as split_shards
 
 
 @dataclass(frozen=True)

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 import networkx as nx
 import numpy as np
 
-from .. import graphs, seeds
-from ..config import Config, ConfigError
-from . import muffliato as mf
+from coordinator_free import graphs, seeds
+from coordinator_free.config import Config, ConfigError
+from coordinator_free.families.averaging import protocol as mf
 
 KIND = {
     "ring-sum": "sum",
@@ -214,7 +214,7 @@ def make_plan(cfg: Config, graph: nx.Graph | None = None) -> WalkPlan:
     if kind == "histogram":
         dim = cfg.data.levels
     if kind == "sgd":
-        from . import learning as lp
+        from coordinator_free.families.learning import protocol as lp
 
         task = lp.make_task(cfg, n)
         dim, model = task.model.dim, task.model.kind
@@ -288,7 +288,7 @@ def initial_token(plan: WalkPlan, token: int, streams: seeds.Streams, cfg: Confi
 
 
 def _task(cfg: Config, plan: WalkPlan):
-    from . import learning as lp
+    from coordinator_free.families.learning import protocol as lp
 
     return lp.make_task(cfg, plan.n)
 
@@ -323,7 +323,7 @@ def apply_step(
             rng = streams.stream(seeds.PURPOSE_NOISE, v, key)
             out[randomized_response(x, plan.gamma, plan.levels, rng)] += 1.0
         return out, data
-    from ..learning import models
+    from coordinator_free.ml import models
 
     task = _task(cfg, plan)
     X, y = task.shard(v)

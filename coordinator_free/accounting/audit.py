@@ -22,17 +22,17 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 
-from . import config as config_mod
-from . import graphs
-from .privacy import muffliato as acct
-from .privacy import multiround
-from .privacy import pairwise as pw
-from .privacy import rdp as rdp_mod
-from .protocols import learning as lp
-from .protocols import make_plan
-from .protocols import muffliato as mf
-from .protocols import randomized as rg
-from .viewlog import read_viewlog
+from coordinator_free import config as config_mod
+from coordinator_free import graphs
+from coordinator_free.families import make_plan
+from coordinator_free.families.averaging import protocol as mf
+from coordinator_free.families.learning import protocol as lp
+from coordinator_free.families.randomized import protocol as rg
+from coordinator_free.privacy import muffliato as acct
+from coordinator_free.privacy import multiround
+from coordinator_free.privacy import pairwise as pw
+from coordinator_free.privacy import rdp as rdp_mod
+from coordinator_free.viewlog import read_viewlog
 
 METHODS = ("exact", "paper")
 # Up to this many nodes the audit always replays the realised schedule with the general
@@ -237,11 +237,11 @@ def _joint(plan, v: int, schedule=None, received=None) -> multiround.MultiRoundL
 def plan_report(cfg: config_mod.Config, *, source: int | None, method: str) -> dict:
     plan = make_plan(cfg)
     if cfg.walk:
-        from . import audit_walk
+        from coordinator_free.families.walk import accountant as audit_walk
 
         return audit_walk.plan_report(cfg, plan, source=source, method=method)
     if cfg.protocol.name == "decor":
-        from . import audit_decor
+        from coordinator_free.families.decor import accountant as audit_decor
 
         return audit_decor.plan_report(cfg, plan, source=source, method=method)
     u = units_of(plan)
@@ -542,7 +542,7 @@ def replay(run_dir: Path, plan: mf.MuffliatoPlan) -> Replay:
 
 
 def _run_id(run_dir: Path) -> str | None:
-    from .roster import RosterError, load_roster
+    from coordinator_free.roster import RosterError, load_roster
 
     try:
         return load_roster(run_dir / "roster.json").run_id
@@ -551,7 +551,7 @@ def _run_id(run_dir: Path) -> str | None:
 
 
 def _digest(value: np.ndarray) -> str:
-    from .peer import digest
+    from coordinator_free.peer.runner import digest
 
     return digest(np.asarray(value, dtype=np.float64))
 
@@ -560,11 +560,11 @@ def audit_run(run_dir: str | Path, *, observers: list[int] | None = None) -> dic
     run_dir = Path(run_dir)
     cfg, plan = load_run(run_dir)
     if cfg.walk:
-        from . import audit_walk
+        from coordinator_free.families.walk import accountant as audit_walk
 
         return audit_walk.audit_run(run_dir, cfg, plan, observers)
     if cfg.protocol.name == "decor":
-        from . import audit_decor
+        from coordinator_free.families.decor import accountant as audit_decor
 
         return audit_decor.audit_run(run_dir, cfg, plan, observers)
     if isinstance(plan, lp.LearningPlan) and not plan.decentralized:
@@ -807,11 +807,11 @@ def calibrate(
     if budget not in BUDGETS:
         raise AuditError(f"unknown budget {budget!r}; expected one of {BUDGETS}")
     if cfg.walk:
-        from . import audit_walk
+        from coordinator_free.families.walk import accountant as audit_walk
 
         return audit_walk.calibrate(cfg, target_eps, method=method, budget=budget)
     if cfg.protocol.name == "decor":
-        from . import audit_decor
+        from coordinator_free.families.decor import accountant as audit_decor
 
         return audit_decor.calibrate(cfg, target_eps, which=decor_pair)
     cache: dict[tuple, np.ndarray] = {}

@@ -10,13 +10,13 @@ process and the in-process simulator compute bit-identical values from the same 
 
 The package re-exports the public names of :mod:`.datasets` and :mod:`.models`, and
 ``PARTITION_SCHEMES``, but NOT the function ``partition``: it has the name of its submodule and
-re-exporting it would hide the module (``import coordinator_free.learning.partition`` would then
-give the function). Import it as ``from coordinator_free.learning.partition import partition``.
+re-exporting it would hide the module (``import coordinator_free.ml.partition`` would then
+give the function). Import it as ``from coordinator_free.ml.partition import partition``.
 """
 
 from __future__ import annotations
 
-from .datasets import (
+from coordinator_free.ml.datasets import (
     DATASET_KINDS,
     DataError,
     Dataset,
@@ -24,8 +24,8 @@ from .datasets import (
     load_shard,
     save_shard,
 )
-from .models import MODEL_KINDS, Model, clip_rows, clipped_mean_grad, make_model
-from .partition import PARTITION_SCHEMES
+from coordinator_free.ml.models import MODEL_KINDS, Model, clip_rows, clipped_mean_grad, make_model
+from coordinator_free.ml.partition import PARTITION_SCHEMES
 
 __all__ = [
     "DATASET_KINDS",

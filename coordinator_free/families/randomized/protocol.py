@@ -42,9 +42,9 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
-from .. import graphs, seeds
-from ..config import Config
-from . import muffliato as mf
+from coordinator_free import graphs, seeds
+from coordinator_free.config import Config
+from coordinator_free.families.averaging import protocol as mf
 
 PROTOCOL = "randomized-gossip"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__
-from . import config as config_mod
+from coordinator_free import __version__
+from coordinator_free import config as config_mod
 
 EPILOG = """\
 examples:
@@ -223,7 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true")
 
-    from . import lab_cli, lan, report
+    from coordinator_free import report
+    from coordinator_free.cli import lab as lab_cli
+    from coordinator_free.cluster import lan
 
     report.add_parser(sub)
     lan.add_parsers(sub)
@@ -431,9 +433,9 @@ def _print_audit(rep: dict) -> None:
 def simulator_diff(cfg, plan, out: Path, results: dict) -> float | None:
     """max |peer - simulator| over the nodes that finished (None if none did); the simulator is
     given the run's node streams, rebuilt from its keys."""
-    from . import seeds
-    from .cluster.local import models_path
-    from .sim import simulate, simulate_learning
+    from coordinator_free import seeds
+    from coordinator_free.cluster.local import models_path
+    from coordinator_free.sim import simulate, simulate_learning
 
     streams = seeds.streams_of_run(out, len(results["nodes"]))
     if cfg.walk:
@@ -456,7 +458,7 @@ def simulator_diff(cfg, plan, out: Path, results: dict) -> float | None:
 def save_summary(args, out: Path, summary: dict, finished: list) -> dict | None:
     """Audit the run (unless --no-audit or nothing finished) into audit.json, note the verdict
     in the summary and write summary.json; return the audit."""
-    from .audit import audit_run, write_json
+    from coordinator_free.accounting.audit import audit_run, write_json
 
     audit = None
     if not args.no_audit and finished:
@@ -468,8 +470,8 @@ def save_summary(args, out: Path, summary: dict, finished: list) -> dict | None:
 
 
 def cmd_run(args) -> int:
-    from .cluster import local
-    from .protocols import make_plan
+    from coordinator_free.cluster import local
+    from coordinator_free.families import make_plan
 
     cfg = config_mod.load(args.config, args.set)
     plan = make_plan(cfg)
@@ -514,7 +516,7 @@ def _walk_against_simulator(cfg, plan, results: dict, streams) -> float | None:
     or test accuracy); return max |peer - simulator| over the completed tokens (None if none
     completed). The truth is that of the fault-free walk: meaningful when the walk completed as
     planned (a re-routed walk sums other contributions)."""
-    from .sim import simulate_walk
+    from coordinator_free.sim import simulate_walk
 
     sim = simulate_walk(cfg, streams=streams)
     ref = walk_outcomes(cfg, plan, sim.traces)
@@ -615,9 +617,9 @@ def _run_central(args, cfg, out: Path) -> int:
     import secrets
     import time
 
-    from . import seeds
-    from .audit import audit_run, write_json
-    from .sim import simulate_learning
+    from coordinator_free import seeds
+    from coordinator_free.accounting.audit import audit_run, write_json
+    from coordinator_free.sim import simulate_learning
 
     t0 = time.monotonic()
     # The curator's noise must be secret: a fresh 256-bit seed, not the public run seed.
@@ -626,7 +628,7 @@ def _run_central(args, cfg, out: Path) -> int:
     wall = time.monotonic() - t0
     (out / "results").mkdir(exist_ok=True)
     np.save(out / "results" / "central.models.npy", sim.models[:, 0], allow_pickle=False)
-    from .cluster.local import write_jsonl
+    from coordinator_free.cluster.local import write_jsonl
 
     write_jsonl(out / "metrics.jsonl", sim.metrics)
     final = sim.metrics[-1]
@@ -803,7 +805,7 @@ def _emit(args, report: dict, printer) -> int:
 
 
 def cmd_plan(args) -> int:
-    from .audit import calibrate, plan_report
+    from coordinator_free.accounting.audit import calibrate, plan_report
 
     cfg = config_mod.load(args.config, args.set)
     if args.target_eps is not None:
@@ -874,7 +876,7 @@ def _print_calibration(rep: dict) -> None:
 
 
 def cmd_audit(args) -> int:
-    from .audit import audit_run
+    from coordinator_free.accounting.audit import audit_run
 
     rep = audit_run(args.run_dir, observers=args.observer)
     _emit(args, rep, _print_audit)
@@ -887,11 +889,11 @@ def cmd_audit(args) -> int:
 
 
 def cmd_simulate(args) -> int:
-    from .sim import simulate
+    from coordinator_free.sim import simulate
 
     streams = None
     if args.run is not None:
-        from . import seeds
+        from coordinator_free import seeds
 
         if args.config is not None:
             raise CliError("give either a config or --run, not both")
@@ -938,11 +940,11 @@ def cmd_simulate(args) -> int:
 def walk_outcomes(cfg, plan, traces) -> list[dict]:
     """Per token: where it ended, its final value, and what it is worth (|estimate - truth| for
     sums and histograms, test accuracy and loss for models)."""
-    from .protocols import walk as wk
+    from coordinator_free.families.walk import protocol as wk
 
     task = None
     if plan.kind == "sgd":
-        from .protocols import learning as lp
+        from coordinator_free.families.learning import protocol as lp
 
         task = lp.make_task(cfg, plan.n)
     out = []
@@ -966,7 +968,7 @@ def walk_outcomes(cfg, plan, traces) -> list[dict]:
 
 
 def _simulate_walk(args, cfg, streams) -> int:
-    from .sim import simulate_walk
+    from coordinator_free.sim import simulate_walk
 
     r = simulate_walk(cfg, streams=streams)
     out = {
@@ -988,7 +990,7 @@ def _simulate_walk(args, cfg, streams) -> int:
 
 
 def _simulate_learning(args, cfg, streams) -> int:
-    from .sim import simulate_learning
+    from coordinator_free.sim import simulate_learning
 
     r = simulate_learning(cfg, streams=streams)
     out = {
@@ -1013,7 +1015,7 @@ def _simulate_learning(args, cfg, streams) -> int:
 
 
 def cmd_keygen(args) -> int:
-    from . import roster as roster_mod
+    from coordinator_free import roster as roster_mod
 
     if args.hosts:
         hosts = []
@@ -1024,7 +1026,7 @@ def cmd_keygen(args) -> int:
             hosts.append((host.strip("[]"), int(port)))
         n = len(hosts)
     elif args.config:
-        from .protocols.muffliato import build_graph_from_config
+        from coordinator_free.families.averaging.protocol import build_graph_from_config
 
         cfg = config_mod.load(args.config)
         n = build_graph_from_config(cfg).number_of_nodes()
@@ -1061,7 +1063,7 @@ def cmd_keygen(args) -> int:
 
 
 def cmd_compose(args) -> int:
-    from .cluster import compose
+    from coordinator_free.cluster import compose
 
     cfg = config_mod.load(args.config, args.set)
     out_dir = args.dir if args.dir is not None else Path("compose") / cfg.run.name
@@ -1099,19 +1101,19 @@ def cmd_compose(args) -> int:
 
 
 def cmd_peer(args) -> int:
-    from .peer import peer_main
+    from coordinator_free.peer.runner import peer_main
 
     return peer_main(args)
 
 
 def cmd_lan(args) -> int:
-    from . import lan
+    from coordinator_free.cluster import lan
 
     return lan.COMMANDS[args.command](args)
 
 
 def cmd_lab(args) -> int:
-    from . import lab_cli
+    from coordinator_free.cli import lab as lab_cli
 
     return lab_cli.cmd_lab(args)
 
@@ -1137,11 +1139,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    from .audit import AuditError
-    from .cluster.local import LaunchError
-    from .graphs import GraphError
-    from .roster import RosterError
-    from .viewlog import ViewLogError
+    from coordinator_free.accounting.audit import AuditError
+    from coordinator_free.cluster.local import LaunchError
+    from coordinator_free.graphs import GraphError
+    from coordinator_free.roster import RosterError
+    from coordinator_free.viewlog import ViewLogError
 
     try:
         return COMMANDS[args.command](args)

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
-from .. import graphs, seeds
-from ..config import Config
+from coordinator_free import graphs, seeds
+from coordinator_free.config import Config
 
 
 class GraphRows:

@@ -31,7 +31,7 @@ the way the decentralized-DP papers do it). The pipeline, in order:
 5. **Intercept** (``intercept=True``): a constant column of ``1.0`` is appended AFTER
    normalising, so a normalised row has norm ``sqrt(2)`` (``sqrt(||x||^2 + 1)``). The per-example
    logistic gradient is then bounded by ``sqrt(2)``; callers that need a bound of 1 clip (see
-   :func:`coordinator_free.learning.models.clip_rows`) or pass ``intercept=False``.
+   :func:`coordinator_free.ml.models.clip_rows`) or pass ``intercept=False``.
 
 Randomness: every draw comes from ``Generator(PCG64(SeedSequence(seed, spawn_key=(k,))))`` with
 one fixed ``k`` per purpose (synthetic data, split), so e.g. the split of a file does not depend

@@ -29,15 +29,15 @@ from pathlib import Path
 
 import numpy as np
 
-from . import roster as roster_mod
-from . import seeds
-from .config import Config
-from .net.transport import Inbound, PeerDown, PeerNet, PeerUp
-from .net.wire import Message
-from .protocols import make_plan
-from .protocols import muffliato as mf
-from .protocols import randomized as rg
-from .viewlog import ViewLogWriter
+from coordinator_free import roster as roster_mod
+from coordinator_free import seeds
+from coordinator_free.config import Config
+from coordinator_free.families import make_plan
+from coordinator_free.families.averaging import protocol as mf
+from coordinator_free.families.randomized import protocol as rg
+from coordinator_free.net.transport import Inbound, PeerDown, PeerNet, PeerUp
+from coordinator_free.net.wire import Message
+from coordinator_free.viewlog import ViewLogWriter
 
 log = logging.getLogger("coordinator_free.peer")
 
@@ -233,7 +233,7 @@ async def run_peer(
             )
         models: list[np.ndarray] = []
         if cfg.learning:
-            from .protocols import learning as lp
+            from coordinator_free.families.learning import protocol as lp
 
             task = lp.make_task(cfg, plan.n)
             theta = task.model.init()
@@ -241,7 +241,7 @@ async def run_peer(
             K = plan.gossip_steps
             dec = None
             if plan.protocol == "decor":
-                from .decorpeer import DecorNode
+                from coordinator_free.families.decor.node import DecorNode
 
                 dec = DecorNode(plan, node_id, own, vlog)
                 engine.handlers.update(decor_drop=dec.on_drop, decor_pub=dec.on_late_key)
@@ -305,7 +305,7 @@ async def _run_walk(
     cfg, plan, net, vlog, node_id, own, progress, out_dir, t_start, t_run, channels=None
 ):
     """Token protocols: serve the tokens (walkpeer.TokenEngine), then write the result."""
-    from .walkpeer import TokenEngine
+    from coordinator_free.engine.token import TokenEngine
 
     deadline = cfg.network.deadline_s
     engine = TokenEngine(plan, cfg, net, vlog, node_id, own, deadline, cfg.log.values, progress)
@@ -549,7 +549,7 @@ def listen_socket(spec: str) -> socket.socket:
 
 def peer_main(args) -> int:
     """Entry point of ``cfree peer``."""
-    from . import config as config_mod
+    from coordinator_free import config as config_mod
 
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,

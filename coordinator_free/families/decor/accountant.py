@@ -27,11 +27,17 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 
-from . import graphs
-from .audit import AuditError, ldp_baseline, read_logs, summarise, units_of
-from .config import Config
-from .privacy import decor as dacct
-from .privacy import rdp
+from coordinator_free import graphs
+from coordinator_free.accounting.audit import (
+    AuditError,
+    ldp_baseline,
+    read_logs,
+    summarise,
+    units_of,
+)
+from coordinator_free.config import Config
+from coordinator_free.privacy import decor as dacct
+from coordinator_free.privacy import rdp
 
 #: Largest n for the pairwise (curious-user) table: one eigendecomposition per observer.
 PAIRWISE_MAX_N = 256
@@ -398,7 +404,7 @@ def calibrate(cfg: Config, target_eps: float, *, which: str = "mid", grid: int =
     target_eps (the paper's search, App. D.1), and the chosen one."""
     import dataclasses
 
-    from .protocols import make_plan
+    from coordinator_free.families import make_plan
 
     plan = make_plan(cfg)
     q = plan.collusion

@@ -43,7 +43,7 @@ import textwrap
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
-from .config import portable_config
+from coordinator_free.config import portable_config
 
 DEFAULT_PORT = 7000
 DEFAULT_REMOTE_DIR = "/opt/cfree/run"
@@ -102,7 +102,7 @@ def _port(text: str) -> int:
 
 def parse_address(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
     """``host``, ``host:port``, ``[ipv6]`` or ``[ipv6]:port`` -> ``(host, port)``."""
-    from .roster import RosterError, _check_host
+    from coordinator_free.roster import RosterError, _check_host
 
     if text.startswith("["):
         end = text.find("]")
@@ -131,7 +131,7 @@ def parse_address(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int
 
 
 def _public_key(text: str) -> bytes:
-    from .roster import RosterError, _check_public_key
+    from coordinator_free.roster import RosterError, _check_public_key
 
     if not _HEX64.fullmatch(text):
         raise LanError(
@@ -319,9 +319,9 @@ def plan_deployment(
     """Check the hosts against the config and build every file's text (nothing is written)."""
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-    from . import roster as roster_mod
-    from .config import NAME_CHARS
-    from .protocols import make_plan
+    from coordinator_free import roster as roster_mod
+    from coordinator_free.config import NAME_CHARS
+    from coordinator_free.families import make_plan
 
     plan = make_plan(cfg)
     if cfg.learning and not plan.decentralized:
@@ -698,8 +698,8 @@ def write_deployment(dep: Deployment, out: str | os.PathLike) -> None:
     Everything is written into a temporary directory next to ``out`` and checked (the config
     loads as the hosts will load it) before it is renamed to ``out``: an error leaves nothing.
     """
-    from . import config as config_mod
-    from . import roster as roster_mod
+    from coordinator_free import config as config_mod
+    from coordinator_free import roster as roster_mod
 
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -756,7 +756,7 @@ def make_keypair(out_dir: str | os.PathLike) -> tuple[bytes, bool]:
     and whether it was made now. An existing key is never replaced."""
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-    from . import roster as roster_mod
+    from coordinator_free import roster as roster_mod
 
     path = Path(out_dir) / KEY_FILE
     if path.exists() or path.is_symlink():
@@ -918,9 +918,9 @@ def _fail(command: str, exc: Exception) -> int:
 
 
 def _errors():
-    from .config import ConfigError
-    from .graphs import GraphError
-    from .roster import RosterError
+    from coordinator_free.config import ConfigError
+    from coordinator_free.graphs import GraphError
+    from coordinator_free.roster import RosterError
 
     return (LanError, ConfigError, GraphError, RosterError)
 
@@ -973,7 +973,7 @@ def cmd_keypair(args) -> int:
 
 
 def cmd_roster(args) -> int:
-    from . import config as config_mod
+    from coordinator_free import config as config_mod
 
     try:
         if not 1 <= args.port <= 65535:

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from .cluster import netns
+from coordinator_free.cluster import netns
 
 LAB_EPILOG = """\
 examples (as root):
@@ -41,7 +41,7 @@ def _add_name(p: argparse.ArgumentParser) -> None:
 
 def add_lab_parser(sub) -> None:
     """Add ``lab`` and its actions to the ``cfree`` subcommands ``sub``."""
-    from .cli import _add_config_args
+    from coordinator_free.cli import _add_config_args
 
     lab = sub.add_parser(
         "lab",
@@ -154,7 +154,7 @@ def add_lab_parser(sub) -> None:
 def cmd_lab(args) -> int:
     """Entry point of ``cfree lab``; a lab or launch error is a message on stderr and exit
     status 2."""
-    from .cluster.local import LaunchError  # LabError is one
+    from coordinator_free.cluster.local import LaunchError  # LabError is one
 
     if args.lab_command is None:
         args.lab_help()
@@ -174,7 +174,7 @@ def _name_opt(name: str) -> str:
 
 
 def _hosts_table(rows: list[dict], extra: tuple[str, ...] = ()) -> str:
-    from .cli import _table
+    from coordinator_free.cli import _table
 
     return _table(
         ["node", "namespace", "address", *extra],
@@ -328,16 +328,16 @@ def _restore_links(lab: netns.Lab, schedule: LinkSchedule, already_cut: list[int
 
 
 def _run(args) -> int:
-    from . import config as config_mod
-    from .cli import (
+    from coordinator_free import config as config_mod
+    from coordinator_free.cli import (
         _cancel_on_sigterm,
         _print_run_summary,
         _run_banner,
         save_summary,
         simulator_diff,
     )
-    from .cluster import local
-    from .protocols import make_plan
+    from coordinator_free.cluster import local
+    from coordinator_free.families import make_plan
 
     cfg = config_mod.load(args.config, args.set)
     plan = make_plan(cfg)

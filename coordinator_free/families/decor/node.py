@@ -33,10 +33,10 @@ import time
 
 import numpy as np
 
-from . import seeds
-from .net.transport import Inbound, PeerDown, PeerUp
-from .net.wire import Message
-from .protocols import decor
+from coordinator_free import seeds
+from coordinator_free.families.decor import keys as decor
+from coordinator_free.net.transport import Inbound, PeerDown, PeerUp
+from coordinator_free.net.wire import Message
 
 #: A neighbour that is alive but late keeps its pair until it has missed this many rounds in a
 #: row without any of their values arriving, even late (its channel going down, or its "done",

@@ -1,0 +1,82 @@
+"""The interface every protocol family implements, and what the rest of the package may ask of it.
+
+A family is one package under ``coordinator_free/families/`` holding its math (``protocol.py``:
+the plan and the pure update rules), its node program (``node.py``: a sans-IO engine program fed
+events and time, giving actions), its accountant glue (``accountant.py``: plan report, audit of a
+run directory, calibration) and its rendering (``render.py``: what the CLI prints). The peer
+runner, the simulator, the auditor, the CLI and the launchers reach a family only through
+:func:`coordinator_free.families.family_of`; nothing outside ``families/`` compares protocol
+names.
+
+Adding a protocol: a new package with a subclass of :class:`Family`, registered in
+``families/__init__.py`` (docs/architecture.md walks through one).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+class Family:
+    """One protocol family. Subclasses set ``name`` and ``protocols`` and override the methods
+    their protocols support; the defaults say plainly what is not supported."""
+
+    #: The family's id (``averaging``, ``randomized``, ``learning``, ``walk``, ``decor``).
+    name: str = ""
+    #: The values of ``protocol.name`` this family serves.
+    protocols: tuple[str, ...] = ()
+
+    # ------------------------------------------------------------------ what kind of protocol
+
+    def learns(self, cfg) -> bool:
+        """True when the protocol trains a model from per-node data shards."""
+        return False
+
+    def walks(self, cfg) -> bool:
+        """True when a token walks the graph (token forwarding) instead of gossip steps."""
+        return False
+
+    def has_peers(self, cfg) -> bool:
+        """False for protocols that run in one process (the trusted-curator baseline)."""
+        return True
+
+    def sensitivity(self, cfg) -> float:
+        """The L2 sensitivity in use when ``privacy.sensitivity`` is not set."""
+        return 1.0
+
+    # ------------------------------------------------------------------ config and plan
+
+    def validate(self, cfg, source: str) -> None:
+        """Check the family's own keys; raise ConfigError naming ``source`` and the key."""
+
+    def make_plan(self, cfg):
+        raise NotImplementedError(f"{self.name}: make_plan")
+
+    # ------------------------------------------------------------------ accounting
+
+    def plan_report(self, cfg, plan, *, source: int | None, method: str) -> dict:
+        raise NotImplementedError(f"{self.name}: plan_report")
+
+    def audit(self, run_dir: Path, cfg, plan, observers: list[int] | None) -> dict:
+        raise NotImplementedError(f"{self.name}: audit")
+
+    def calibrate(self, cfg, target_eps: float, *, method: str, budget: str, **opts: Any) -> dict:
+        raise NotImplementedError(f"{self.name}: calibrate")
+
+    # ------------------------------------------------------------------ rendering (CLI output)
+
+    def print_plan(self, rep: dict) -> None:
+        raise NotImplementedError(f"{self.name}: print_plan")
+
+    def print_audit(self, rep: dict) -> None:
+        raise NotImplementedError(f"{self.name}: print_audit")
+
+    def print_calibration(self, rep: dict) -> None:
+        raise NotImplementedError(f"{self.name}: print_calibration")
+
+    def print_summary(self, summary: dict, audit: dict | None) -> None:
+        raise NotImplementedError(f"{self.name}: print_summary")
+
+    def __repr__(self) -> str:
+        return f"<family {self.name}: {', '.join(self.protocols)}>"

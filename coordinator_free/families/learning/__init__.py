@@ -1,0 +1,29 @@
+"""Private learning over gossip: Muffliato-GD/SGD, D-SGD with local DP, and the central-DP
+curator baseline (no peers)."""
+
+from __future__ import annotations
+
+from coordinator_free.families.base import Family
+
+
+class Learning(Family):
+    name = "learning"
+    protocols = ("muffliato-gd", "muffliato-sgd", "dsgd", "central-dp")
+
+    def learns(self, cfg) -> bool:
+        return True
+
+    def has_peers(self, cfg) -> bool:
+        return cfg.protocol.name != "central-dp"
+
+    def sensitivity(self, cfg) -> float:
+        # One node's whole shard replaced: two clipped mean gradients differ by at most 2C.
+        return 2.0 * cfg.protocol.clip
+
+    def make_plan(self, cfg):
+        from coordinator_free.families.learning.protocol import make_plan
+
+        return make_plan(cfg)
+
+
+FAMILY = Learning()

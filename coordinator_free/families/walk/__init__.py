@@ -1,0 +1,35 @@
+"""Token forwarding: ring and complete-graph algorithms (sums, histograms, DP-SGD) and
+random-walk DP-SGD on any graph."""
+
+from __future__ import annotations
+
+from coordinator_free.families.base import Family
+
+#: The token protocols whose token is a model.
+MODEL_TOKENS = ("complete-sgd", "walk-sgd")
+
+
+class Walk(Family):
+    name = "walk"
+    protocols = (
+        "ring-sum",
+        "ring-histogram",
+        "complete-sum",
+        "complete-histogram",
+        "complete-sgd",
+        "walk-sgd",
+    )
+
+    def walks(self, cfg) -> bool:
+        return True
+
+    def sensitivity(self, cfg) -> float:
+        return 2.0 * cfg.protocol.clip if cfg.protocol.name in MODEL_TOKENS else 1.0
+
+    def make_plan(self, cfg):
+        from coordinator_free.families.walk.protocol import make_plan
+
+        return make_plan(cfg)
+
+
+FAMILY = Walk()
