@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coordinator_free.errors import ConfigError  # noqa: F401  (re-exported)
 from coordinator_free.graphs import GRAPH_KINDS, WEIGHT_SCHEMES
 from coordinator_free.ml.datasets import (
     DATASET_KINDS,  # numpy only; scikit-learn is imported on use
@@ -46,10 +47,6 @@ PARTITIONS = ("iid", "dirichlet", "fixed", "ordered")
 #: Graph kinds that graph.resample can draw afresh every round.
 RESAMPLE_KINDS = ("erdos_renyi", "geometric")
 MODEL_KINDS = ("auto", "logistic", "multinomial", "least-squares", "ridge")
-
-
-class ConfigError(ValueError):
-    """A configuration problem; the message names the source and the key."""
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator_free.codec import CodecError, pack, unpack
+from coordinator_free.errors import CfreeError
 
 try:  # POSIX advisory locks keep two processes from writing one log.
     import fcntl
@@ -80,7 +81,7 @@ RESERVED_FIELDS = frozenset({"k", "seq", "t_mono", "t_wall"})
 RESERVED_KINDS = frozenset({"header", "resume"})
 
 
-class ViewLogError(ValueError):
+class ViewLogError(CfreeError, ValueError):
     """A view log cannot be opened for writing as asked (wrong file, locked, damaged)."""
 
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from coordinator_free import config as config_mod
 from coordinator_free import graphs
+from coordinator_free.errors import CfreeError
 from coordinator_free.families import make_plan
 from coordinator_free.families.averaging import protocol as mf
 from coordinator_free.families.learning import protocol as lp
@@ -40,7 +41,7 @@ METHODS = ("exact", "paper")
 GENERAL_AUDIT_MAX_N = 64
 
 
-class AuditError(RuntimeError):
+class AuditError(CfreeError, RuntimeError):
     pass
 
 

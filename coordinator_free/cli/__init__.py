@@ -13,6 +13,7 @@ import numpy as np
 
 from coordinator_free import __version__
 from coordinator_free import config as config_mod
+from coordinator_free.errors import EXIT_INTERRUPTED, CfreeError
 
 EPILOG = """\
 examples:
@@ -34,7 +35,7 @@ Configuration keys are documented in docs/config.md; privacy quantities in docs/
 """
 
 
-class CliError(Exception):
+class CliError(CfreeError):
     pass
 
 
@@ -1139,25 +1140,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    from coordinator_free.accounting.audit import AuditError
-    from coordinator_free.cluster.local import LaunchError
-    from coordinator_free.graphs import GraphError
-    from coordinator_free.roster import RosterError
-    from coordinator_free.viewlog import ViewLogError
-
     try:
         return COMMANDS[args.command](args)
-    except (
-        config_mod.ConfigError,
-        CliError,
-        AuditError,
-        LaunchError,
-        GraphError,
-        RosterError,
-        ViewLogError,
-    ) as exc:
+    except CfreeError as exc:  # every user-facing error: a message, never a traceback
         print(f"cfree {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     except KeyboardInterrupt:
         print(f"cfree {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED

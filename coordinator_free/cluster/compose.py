@@ -30,6 +30,7 @@ from pathlib import Path
 
 from coordinator_free import config as config_mod
 from coordinator_free import roster as roster_mod
+from coordinator_free.errors import CfreeError
 
 IMAGE = "coordinator-free-peer:latest"
 PORT = 7000
@@ -43,7 +44,7 @@ KEY_MOUNT = "/cfree/key"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
-class ComposeError(ValueError):
+class ComposeError(CfreeError, ValueError):
     """A compose file cannot be written, or a role cannot run; the message says why."""
 
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
 from coordinator_free.config import portable_config
+from coordinator_free.errors import CfreeError
 
 DEFAULT_PORT = 7000
 DEFAULT_REMOTE_DIR = "/opt/cfree/run"
@@ -59,7 +60,7 @@ _PORT = re.compile(r"[0-9]{1,5}")
 _HOST_CHARS = re.compile(r"[A-Za-z0-9_.:%-]+")
 
 
-class LanError(ValueError):
+class LanError(CfreeError, ValueError):
     """A hosts file, an option or an output directory cannot be used; the message says where."""
 
 

@@ -36,12 +36,13 @@ import numpy as np
 from coordinator_free import roster as roster_mod
 from coordinator_free import seeds
 from coordinator_free.config import Config
+from coordinator_free.errors import CfreeError
 from coordinator_free.families import make_plan
 from coordinator_free.families.averaging import protocol as mf
 from coordinator_free.families.learning.protocol import models_path
 
 
-class LaunchError(RuntimeError):
+class LaunchError(CfreeError, RuntimeError):
     pass
 
 

@@ -1,0 +1,29 @@
+"""One root for the errors a user can cause or meet, each carrying the exit code it ends in.
+
+Every error the CLI reports as a clean message (no traceback) derives from :class:`CfreeError`;
+``cfree`` prints ``cfree COMMAND: error: MESSAGE`` and exits with the error's ``exit_code``.
+Bad input (configs, rosters, keys, logs, arguments) is 2; a run, a lab or a peer that failed is
+1. Each module keeps its own subclass (``ConfigError``, ``RosterError``, ``AuditError``, ...)
+so callers can catch what they handle; the classes keep their historical second base
+(``ValueError``, ``RuntimeError``) so existing ``except`` clauses still match.
+
+A leaf module: it imports nothing from the package, so anything may import it.
+"""
+
+from __future__ import annotations
+
+#: Exit codes of ``cfree``.
+EXIT_OK = 0
+EXIT_FAILED = 1  # a run, audit or peer that did not complete
+EXIT_BAD_INPUT = 2  # a config, roster, key, log or argument that is wrong
+EXIT_INTERRUPTED = 130
+
+
+class CfreeError(Exception):
+    """The root of the package's user-facing errors."""
+
+    exit_code: int = EXIT_BAD_INPUT
+
+
+class ConfigError(CfreeError, ValueError):
+    """A configuration problem; the message names the source and the key."""
