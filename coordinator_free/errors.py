@@ -27,3 +27,7 @@ class CfreeError(Exception):
 
 class ConfigError(CfreeError, ValueError):
     """A configuration problem; the message names the source and the key."""
+
+
+class AuditError(CfreeError, RuntimeError):
+    """A run directory, log or request the auditor cannot work with."""

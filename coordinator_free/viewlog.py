@@ -36,6 +36,7 @@ frame is intact, so the records after it are still trustworthy.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 import threading
@@ -613,3 +614,13 @@ class ViewLogWriter:
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"next seq {self._seq}"
         return f"<ViewLogWriter {self.path} run {self.run_id} node {self.node} {state}>"
+
+
+def value_digest(value) -> str:
+    """The digest a view log records for a vector (send/recv records): the first 128 bits of
+    SHA-256 over its float64 bytes, in hex. The sender and the receiver of a value compute it
+    alike, so the auditor can match what was sent with what was received."""
+    import numpy as np
+
+    arr = np.ascontiguousarray(np.asarray(value, dtype=np.float64))
+    return hashlib.sha256(arr.tobytes()).hexdigest()[:32]

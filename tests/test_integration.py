@@ -23,6 +23,7 @@ import pytest
 from coordinator_free import config, seeds, sim
 from coordinator_free.accounting import audit
 from coordinator_free.cluster import local
+from coordinator_free.families.averaging import accountant as gossip
 from coordinator_free.viewlog import read_viewlog
 
 N = 8
@@ -333,7 +334,7 @@ def test_stalled_peer_catches_up_and_everything_it_saw_is_audited(tmp_path):
     # the (step, sender) pairs in its log.
     from coordinator_free.privacy import muffliato as acct
 
-    replay = audit.replay(out, audit.load_run(out)[1])
+    replay = gossip.replay(out, audit.load_run(out)[1])
     assert replay.received[victim] == recv_steps
     f = acct.exact_factors(replay.steps, victim, sorted(recv_steps))
     (obs,) = [o for o in rep["observers"] if o["observer"] == victim]

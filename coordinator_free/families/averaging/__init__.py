@@ -6,7 +6,30 @@ from __future__ import annotations
 from coordinator_free.families.base import Family
 
 
-class Averaging(Family):
+class GossipAccounting:
+    """Plan, audit and calibration of the protocols built on gossip steps (averaging,
+    randomized gossip, learning): the exact joint-view accountant and the papers' formulas of
+    ``families/averaging/accountant.py``."""
+
+    def plan_report(self, cfg, plan, *, source, method):
+        from coordinator_free.families.averaging import accountant
+
+        return accountant.plan_report(cfg, plan, source=source, method=method)
+
+    def audit(self, run_dir, cfg, plan, observers):
+        from coordinator_free.families.averaging import accountant
+
+        return accountant.audit_run(run_dir, cfg, plan, observers)
+
+    def calibrate(self, cfg, target_eps, *, method, budget, **opts):
+        from coordinator_free.families.averaging import accountant
+
+        return accountant.calibrate(
+            cfg, target_eps, method=method, budget=budget, make_plan=self.make_plan
+        )
+
+
+class Averaging(GossipAccounting, Family):
     name = "averaging"
     protocols = ("muffliato",)
 

@@ -20,5 +20,21 @@ class Decor(Family):
 
         return make_plan(cfg)
 
+    def plan_report(self, cfg, plan, *, source, method):
+        from coordinator_free.families.decor import accountant
+
+        return accountant.plan_report(cfg, plan, source=source, method=method)
+
+    def audit(self, run_dir, cfg, plan, observers):
+        from coordinator_free.families.decor import accountant
+
+        return accountant.audit_run(run_dir, cfg, plan, observers)
+
+    def calibrate(self, cfg, target_eps, *, method, budget, decor_pair="mid", **opts):
+        # The SecLDP search is over (sigma, sigma_cor) pairs; ``decor_pair`` picks which.
+        from coordinator_free.families.decor import accountant
+
+        return accountant.calibrate(cfg, target_eps, which=decor_pair)
+
 
 FAMILY = Decor()

@@ -28,14 +28,9 @@ import networkx as nx
 import numpy as np
 
 from coordinator_free import graphs
-from coordinator_free.accounting.audit import (
-    AuditError,
-    ldp_baseline,
-    read_logs,
-    summarise,
-    units_of,
-)
+from coordinator_free.accounting.core import AuditError, read_logs, units_of
 from coordinator_free.config import Config
+from coordinator_free.families.averaging.accountant import ldp_baseline, summarise
 from coordinator_free.privacy import decor as dacct
 from coordinator_free.privacy import rdp
 
@@ -404,7 +399,7 @@ def calibrate(cfg: Config, target_eps: float, *, which: str = "mid", grid: int =
     target_eps (the paper's search, App. D.1), and the chosen one."""
     import dataclasses
 
-    from coordinator_free.families import make_plan
+    from coordinator_free.families.learning.protocol import make_plan
 
     plan = make_plan(cfg)
     q = plan.collusion

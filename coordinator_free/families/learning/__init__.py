@@ -3,10 +3,11 @@ curator baseline (no peers)."""
 
 from __future__ import annotations
 
+from coordinator_free.families.averaging import GossipAccounting
 from coordinator_free.families.base import Family
 
 
-class Learning(Family):
+class Learning(GossipAccounting, Family):
     name = "learning"
     protocols = ("muffliato-gd", "muffliato-sgd", "dsgd", "central-dp")
 

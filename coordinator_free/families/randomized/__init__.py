@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from coordinator_free.families.averaging import GossipAccounting
 from coordinator_free.families.base import Family
 
 
-class Randomized(Family):
+class Randomized(GossipAccounting, Family):
     name = "randomized"
     protocols = ("randomized-gossip",)
 

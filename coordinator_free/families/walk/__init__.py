@@ -31,5 +31,20 @@ class Walk(Family):
 
         return make_plan(cfg)
 
+    def plan_report(self, cfg, plan, *, source, method):
+        from coordinator_free.families.walk import accountant
+
+        return accountant.plan_report(cfg, plan, source=source, method=method)
+
+    def audit(self, run_dir, cfg, plan, observers):
+        from coordinator_free.families.walk import accountant
+
+        return accountant.audit_run(run_dir, cfg, plan, observers)
+
+    def calibrate(self, cfg, target_eps, *, method, budget, **opts):
+        from coordinator_free.families.walk import accountant
+
+        return accountant.calibrate(cfg, target_eps, method=method, budget=budget)
+
 
 FAMILY = Walk()
