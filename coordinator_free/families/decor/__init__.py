@@ -20,5 +20,15 @@ class Decor(Family):
 
         return make_plan(cfg)
 
+    def node_engine(self, cfg, plan, node, streams):
+        from coordinator_free.families.decor.node import engine
+
+        return engine(cfg, plan, node, streams)
+
+    def simulate(self, cfg, plan=None, streams=None, **opts):
+        from coordinator_free.families.decor.simulate import simulate
+
+        return simulate(cfg, plan, streams, **opts)
+
 
 FAMILY = Decor()
