@@ -16,7 +16,9 @@ Faults (:class:`Faults`), all deterministic from the seed:
 * ``partitions``: links ``(a, b, start, end)`` cut from ``start`` (healed at ``end``, or never
   if None): messages on the link are lost; with ``detect`` not None both ends see the channel go
   down ``detect`` seconds after the cut (and come back up at the heal);
-* ``never_start``: nodes that never run (their neighbours see no channel from the start).
+* ``never_start``: nodes that never run (their neighbours see no channel from the start);
+* ``freeze``: node -> ``(start, end)``: the node stalls (a stopped process): what reaches it
+  meanwhile waits, in order, until ``end``; its channels stay up.
 
 A node that finishes closes its channels, as a peer does: its neighbours see them go down after
 every message it sent has arrived.
@@ -59,6 +61,7 @@ class Faults:
     crash_at_step: dict[int, int] = field(default_factory=dict)
     partitions: list[tuple[int, int, float, float | None]] = field(default_factory=list)
     never_start: set[int] = field(default_factory=set)
+    freeze: dict[int, tuple[float, float]] = field(default_factory=dict)
     detect: float | None = 0.01
 
 
@@ -181,6 +184,13 @@ class MemNet:
             guard += 1
             if guard > 1_000_000:  # pragma: no cover - an engine that never waits
                 raise RuntimeError(f"no progress of the fake time at {self.now}")
+            v = data if kind in ("start", "timer") else data[1] if kind == "deliver" else None
+            if kind == "event":
+                v = data[0]
+            fz = self.f.freeze.get(v) if v is not None else None
+            if fz is not None and fz[0] <= self.now < fz[1]:
+                self._push(fz[1], kind, data)  # a stopped process handles it when it resumes
+                continue
             getattr(self, f"_on_{kind}")(data)
         return MemRun(
             results=self.results,
