@@ -1,6 +1,6 @@
 """What goes into a sans-IO node engine (events) and what comes out of it (actions).
 
-An engine never touches a socket, a file or a clock. Its driver (the asyncio peer shell, the
+An engine never touches a socket, a file or a clock. Its driver (the peer shell on its event loop, the
 in-memory network, the lockstep simulator) feeds it network events with the current time,
 ``engine.handle(event, now)``, calls ``engine.handle(None, now)`` once ``now`` has reached
 ``engine.next_wakeup()``, and performs the actions it returns, in order. A send that fails is
