@@ -33,7 +33,18 @@ def simulate(cfg, plan=None, streams=None, *, corr_of=None, kept=None) -> Learni
             corr = corr_of(v) if corr_of is not None else None
             return node.rounds(NullContext(v), plan, task, v, streams, corr)
 
-        outcomes = lockstep({v: program(v) for v in range(n)}, plan.partners_at)
+        # A node's partners change at most from one round to the next: look them up once a
+        # round.
+        K = plan.gossip_steps
+        memo: dict[tuple[int, int], list[int]] = {}
+
+        def partners_at(v: int, t: int) -> list[int]:
+            key = (v, t // K)
+            if key not in memo:
+                memo[key] = plan.partners_at(v, t)
+            return memo[key]
+
+        outcomes = lockstep({v: program(v) for v in range(n)}, partners_at)
         models = np.stack(
             [np.stack([outcomes[v].models[r] for v in range(n)]) for r in range(plan.rounds + 1)]
         )
