@@ -420,26 +420,29 @@ def test_above_the_exact_limit_the_plan_reports_the_structural_bound():
 
 
 def test_step_engine_rejects_a_neighbour_that_is_not_this_steps_partner():
+    from coordinator_free.engine.step import StepEngine
     from coordinator_free.net.wire import Message
-    from coordinator_free.peer.runner import _StepEngine
 
-    class Log:
-        def __init__(self):
-            self.records = []
-
-        def write(self, record_kind, **fields):
-            self.records.append((record_kind, fields))
-
-    log = Log()
-    engine = _StepEngine(
-        None, log, [1, 2], 4, 1.0, False, partners_at=lambda t: [1] if t % 2 == 0 else [2]
+    engine = StepEngine(
+        node=0,
+        neighbours=[1, 2],
+        steps=4,
+        deadline=1.0,
+        log_values=False,
+        dim=3,
+        program=None,
+        partners_at=lambda t: [1] if t % 2 == 0 else [2],
     )
+
+    def records():
+        return [(a.kind, a.fields) for a in engine.out.actions]
+
     got: dict = {}
     value = np.zeros(3)
-    engine._inbound(0, 2, Message(kind="value", round=0, step=0, payload=value), (3,), got)
-    engine._inbound(0, 2, Message(kind="value", round=0, step=2, payload=value), (3,), got)
+    engine._inbound(0, 2, Message(kind="value", round=0, step=0, payload=value), got)
+    engine._inbound(0, 2, Message(kind="value", round=0, step=2, payload=value), got)
     assert got == {} and engine.buffered == {}
-    assert [f["kind"] for k, f in log.records if k == "bad-message"] == ["not-a-partner"] * 2
-    engine._inbound(0, 1, Message(kind="value", round=0, step=0, payload=value), (3,), got)
-    engine._inbound(0, 2, Message(kind="value", round=0, step=1, payload=value), (3,), got)
+    assert [f["kind"] for k, f in records() if k == "bad-message"] == ["not-a-partner"] * 2
+    engine._inbound(0, 1, Message(kind="value", round=0, step=0, payload=value), got)
+    engine._inbound(0, 2, Message(kind="value", round=0, step=1, payload=value), got)
     assert list(got) == [1] and list(engine.buffered) == [(1, 2)]

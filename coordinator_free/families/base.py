@@ -53,6 +53,17 @@ class Family:
     def make_plan(self, cfg):
         raise NotImplementedError(f"{self.name}: make_plan")
 
+    # ------------------------------------------------------------------ running
+
+    def node_engine(self, cfg, plan, node: int, streams):
+        """The sans-IO engine of one node (``coordinator_free.engine``): the family's node
+        program, fed events and time by the peer shell or the in-memory network."""
+        raise NotImplementedError(f"{self.name}: node_engine")
+
+    def simulate(self, cfg, plan=None, streams=None, **opts: Any):
+        """A fault-free run in one process, with the node programs the peers run."""
+        raise NotImplementedError(f"{self.name}: simulate")
+
     # ------------------------------------------------------------------ accounting
 
     def plan_report(self, cfg, plan, *, source: int | None, method: str) -> dict:

@@ -38,5 +38,15 @@ class Averaging(GossipAccounting, Family):
 
         return make_plan(cfg)
 
+    def node_engine(self, cfg, plan, node, streams):
+        from coordinator_free.families.averaging.node import engine
+
+        return engine(cfg, plan, node, streams)
+
+    def simulate(self, cfg, plan=None, streams=None, **opts):
+        from coordinator_free.families.averaging.simulate import simulate
+
+        return simulate(cfg, plan, streams, **opts)
+
 
 FAMILY = Averaging()

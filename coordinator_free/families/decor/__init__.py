@@ -36,5 +36,15 @@ class Decor(Family):
 
         return accountant.calibrate(cfg, target_eps, which=decor_pair)
 
+    def node_engine(self, cfg, plan, node, streams):
+        from coordinator_free.families.decor.node import engine
+
+        return engine(cfg, plan, node, streams)
+
+    def simulate(self, cfg, plan=None, streams=None, **opts):
+        from coordinator_free.families.decor.simulate import simulate
+
+        return simulate(cfg, plan, streams, **opts)
+
 
 FAMILY = Decor()

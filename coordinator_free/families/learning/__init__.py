@@ -26,5 +26,16 @@ class Learning(GossipAccounting, Family):
 
         return make_plan(cfg)
 
+    def node_engine(self, cfg, plan, node, streams):
+        from coordinator_free.families.learning.node import engine
+
+        return engine(cfg, plan, node, streams)
+
+    def simulate(self, cfg, plan=None, streams=None, *, keep_correlated=False, **opts):
+        # keep_correlated: no correlated noise here, nothing to keep.
+        from coordinator_free.families.learning.simulate import simulate
+
+        return simulate(cfg, plan, streams, **opts)
+
 
 FAMILY = Learning()

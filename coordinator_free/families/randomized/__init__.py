@@ -15,5 +15,15 @@ class Randomized(GossipAccounting, Family):
 
         return make_plan(cfg)
 
+    def node_engine(self, cfg, plan, node, streams):
+        from coordinator_free.families.randomized.node import engine
+
+        return engine(cfg, plan, node, streams)
+
+    def simulate(self, cfg, plan=None, streams=None, **opts):
+        from coordinator_free.families.randomized.simulate import simulate
+
+        return simulate(cfg, plan, streams, **opts)
+
 
 FAMILY = Randomized()

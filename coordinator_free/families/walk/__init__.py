@@ -46,5 +46,15 @@ class Walk(Family):
 
         return accountant.calibrate(cfg, target_eps, method=method, budget=budget)
 
+    def node_engine(self, cfg, plan, node, streams):
+        from coordinator_free.families.walk.node import engine
+
+        return engine(cfg, plan, node, streams)
+
+    def simulate(self, cfg, plan=None, streams=None, **opts):
+        from coordinator_free.families.walk.simulate import simulate
+
+        return simulate(cfg, plan, streams, **opts)
+
 
 FAMILY = Walk()
