@@ -9,11 +9,15 @@ values drawn from the same seed streams. The family is found by the registry.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from coordinator_free import seeds
-from coordinator_free.config import Config
 from coordinator_free.engine.lockstep import LearningSimResult, SimResult, WalkSimResult
 from coordinator_free.families import family_of
 from coordinator_free.families.averaging import protocol as mf  # noqa: F401 (sim.mf: the math)
+
+if TYPE_CHECKING:
+    from coordinator_free.config import Config
 
 __all__ = [
     "LearningSimResult",

@@ -41,7 +41,7 @@ def _add_name(p: argparse.ArgumentParser) -> None:
 
 def add_lab_parser(sub) -> None:
     """Add ``lab`` and its actions to the ``cfree`` subcommands ``sub``."""
-    from coordinator_free.cli import _add_config_args
+    from coordinator_free.cli.commands import _add_config_args
 
     lab = sub.add_parser(
         "lab",
@@ -174,7 +174,7 @@ def _name_opt(name: str) -> str:
 
 
 def _hosts_table(rows: list[dict], extra: tuple[str, ...] = ()) -> str:
-    from coordinator_free.cli import _table
+    from coordinator_free.accounting.render import table as _table
 
     return _table(
         ["node", "namespace", "address", *extra],
@@ -329,7 +329,7 @@ def _restore_links(lab: netns.Lab, schedule: LinkSchedule, already_cut: list[int
 
 def _run(args) -> int:
     from coordinator_free import config as config_mod
-    from coordinator_free.cli import (
+    from coordinator_free.cli.commands import (
         _cancel_on_sigterm,
         _print_run_summary,
         _run_banner,
@@ -337,11 +337,11 @@ def _run(args) -> int:
         simulator_diff,
     )
     from coordinator_free.cluster import local
-    from coordinator_free.families import make_plan
+    from coordinator_free.families import family_of, make_plan
 
     cfg = config_mod.load(args.config, args.set)
     plan = make_plan(cfg)
-    if cfg.learning and not plan.decentralized:
+    if not family_of(cfg.protocol.name).has_peers(cfg):
         raise netns.LabError(
             f"{cfg.protocol.name} is the trusted-curator baseline: one process, no peers to place "
             "on lab hosts (use cfree run)"

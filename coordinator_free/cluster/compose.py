@@ -58,10 +58,11 @@ def key_volume(i: int) -> str:
 
 def node_count(cfg: config_mod.Config) -> int:
     """The number of peers the config runs; a trusted-curator config has none to place."""
-    from coordinator_free.accounting.audit import make_plan
+    from coordinator_free.families import family_of
 
-    plan = make_plan(cfg)
-    if cfg.learning and not getattr(plan, "decentralized", True):
+    fam = family_of(cfg.protocol.name)
+    plan = fam.make_plan(cfg)
+    if not fam.has_peers(cfg):
         raise ComposeError(
             f"protocol {cfg.protocol.name} is the trusted-curator baseline: one process, no "
             "peers to run as containers (use cfree run)"
@@ -295,7 +296,7 @@ def keygen_role(
 def audit_role(run_dir: Path = Path(RUN_MOUNT)) -> dict:
     """The auditor service: replay the logs, write ``audit.json`` beside them, print the report."""
     from coordinator_free.accounting.audit import audit_run, write_json
-    from coordinator_free.cli import _print_audit
+    from coordinator_free.accounting.render import print_audit as _print_audit
 
     rep = audit_run(run_dir)
     write_json(run_dir / "audit.json", rep)

@@ -37,7 +37,7 @@ from coordinator_free import roster as roster_mod
 from coordinator_free import seeds
 from coordinator_free.config import Config
 from coordinator_free.errors import CfreeError
-from coordinator_free.families import make_plan
+from coordinator_free.families import family_of, make_plan
 from coordinator_free.families.averaging import protocol as mf
 from coordinator_free.families.learning.protocol import models_path
 
@@ -259,7 +259,9 @@ async def supervise_peers(
     procs: list[asyncio.subprocess.Process] = []
     try:
         (out_dir / "logs").mkdir(exist_ok=True)
-        display = ProgressDisplay(n, plan.steps, show_progress, token=cfg.walk)
+        display = ProgressDisplay(
+            n, plan.steps, show_progress, token=family_of(cfg.protocol.name).walks(cfg)
+        )
         outcomes = [PeerOutcome(node=i, returncode=None) for i in range(n)]
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -471,9 +473,10 @@ def collect_walk_results(cfg: Config, out_dir: Path) -> dict:
 
 def collect_results(cfg: Config, out_dir: Path) -> dict:
     """Per-node estimate errors against the true mean, traffic, and rate."""
-    if cfg.learning:
+    fam = family_of(cfg.protocol.name)
+    if fam.learns(cfg):
         return collect_learning_results(cfg, out_dir)
-    if cfg.walk:
+    if fam.walks(cfg):
         return collect_walk_results(cfg, out_dir)
     plan = make_plan(cfg)
     streams = seeds.streams_of_run(out_dir, plan.n)

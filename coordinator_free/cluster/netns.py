@@ -48,7 +48,7 @@ from pathlib import Path
 from coordinator_free import roster as roster_mod
 from coordinator_free.cluster.local import LaunchError, LocalRun, supervise_peers
 from coordinator_free.config import Config
-from coordinator_free.families import make_plan
+from coordinator_free.families import family_of, make_plan
 
 DEFAULT_NAME = "cfree"
 DEFAULT_SUBNET = "10.213.0.0/16"
@@ -601,7 +601,7 @@ async def launch_peers_in_lab(
     """
     plan = make_plan(cfg)
     n = plan.n
-    if cfg.learning and not plan.decentralized:
+    if not family_of(cfg.protocol.name).has_peers(cfg):
         raise LabError(
             f"{cfg.protocol.name} is the trusted-curator baseline: one process, no peers to "
             "place on lab hosts (use cfree run)"

@@ -26,6 +26,10 @@ class Family:
     name: str = ""
     #: The values of ``protocol.name`` this family serves.
     protocols: tuple[str, ...] = ()
+    #: Whether ``protocol.tick`` paces Poisson clocks (randomized gossip).
+    clocks: bool = False
+    #: Whether the protocol adds pairwise-correlated noise (``privacy.sigma_cor``, collusion).
+    correlated_noise: bool = False
 
     # ------------------------------------------------------------------ what kind of protocol
 
@@ -76,6 +80,10 @@ class Family:
         raise NotImplementedError(f"{self.name}: calibrate")
 
     # ------------------------------------------------------------------ rendering (CLI output)
+
+    def banner(self, cfg, plan) -> str:
+        """One line that says what a run of this config is about to do."""
+        return f"starting {plan.n} peers: {cfg.protocol.name} on {cfg.graph.kind}"
 
     def print_plan(self, rep: dict) -> None:
         raise NotImplementedError(f"{self.name}: print_plan")

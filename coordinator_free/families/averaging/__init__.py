@@ -3,6 +3,7 @@ Chebyshev-accelerated)."""
 
 from __future__ import annotations
 
+from coordinator_free.families import catalog
 from coordinator_free.families.base import Family
 
 
@@ -31,7 +32,17 @@ class GossipAccounting:
 
 class Averaging(GossipAccounting, Family):
     name = "averaging"
-    protocols = ("muffliato",)
+    protocols = catalog.AVERAGING
+
+    def validate(self, cfg, source):
+        from coordinator_free.families.averaging.validate import validate_values
+
+        validate_values(cfg, source)
+
+    def banner(self, cfg, plan):
+        from coordinator_free.families.averaging.render import banner
+
+        return banner(cfg, plan)
 
     def make_plan(self, cfg):
         from coordinator_free.families.averaging.protocol import make_plan

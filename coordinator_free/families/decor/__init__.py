@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
+from coordinator_free.families import catalog
 from coordinator_free.families.base import Family
 
 
 class Decor(Family):
     name = "decor"
-    protocols = ("decor",)
+    protocols = catalog.DECOR
+
+    correlated_noise = True
+
+    def validate(self, cfg, source):
+        from coordinator_free.families.decor.validate import validate_decor
+        from coordinator_free.families.learning.validate import validate_learning
+
+        validate_learning(cfg, source)
+        validate_decor(cfg, source)
 
     def learns(self, cfg) -> bool:
         return True
 
     def sensitivity(self, cfg) -> float:
         return 2.0 * cfg.protocol.clip
+
+    def banner(self, cfg, plan):
+        from coordinator_free.families.learning.render import banner
+
+        return banner(cfg, plan)
 
     def make_plan(self, cfg):
         from coordinator_free.families.learning.protocol import make_plan

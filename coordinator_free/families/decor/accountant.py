@@ -23,16 +23,19 @@ so the audit stays an upper bound.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import networkx as nx
 import numpy as np
 
 from coordinator_free import graphs
 from coordinator_free.accounting.core import AuditError, read_logs, units_of
-from coordinator_free.config import Config
 from coordinator_free.families.averaging.accountant import ldp_baseline, summarise
 from coordinator_free.privacy import decor as dacct
 from coordinator_free.privacy import rdp
+
+if TYPE_CHECKING:
+    from coordinator_free.config import Config
 
 #: Largest n for the pairwise (curious-user) table: one eigendecomposition per observer.
 PAIRWISE_MAX_N = 256

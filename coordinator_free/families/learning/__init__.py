@@ -3,13 +3,19 @@ curator baseline (no peers)."""
 
 from __future__ import annotations
 
+from coordinator_free.families import catalog
 from coordinator_free.families.averaging import GossipAccounting
 from coordinator_free.families.base import Family
 
 
 class Learning(GossipAccounting, Family):
     name = "learning"
-    protocols = ("muffliato-gd", "muffliato-sgd", "dsgd", "central-dp")
+    protocols = catalog.LEARNING
+
+    def validate(self, cfg, source):
+        from coordinator_free.families.learning.validate import validate_learning
+
+        validate_learning(cfg, source)
 
     def learns(self, cfg) -> bool:
         return True
@@ -20,6 +26,11 @@ class Learning(GossipAccounting, Family):
     def sensitivity(self, cfg) -> float:
         # One node's whole shard replaced: two clipped mean gradients differ by at most 2C.
         return 2.0 * cfg.protocol.clip
+
+    def banner(self, cfg, plan):
+        from coordinator_free.families.learning.render import banner
+
+        return banner(cfg, plan)
 
     def make_plan(self, cfg):
         from coordinator_free.families.learning.protocol import make_plan

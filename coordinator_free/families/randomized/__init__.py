@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+from coordinator_free.families import catalog
 from coordinator_free.families.averaging import GossipAccounting
 from coordinator_free.families.base import Family
 
 
 class Randomized(GossipAccounting, Family):
     name = "randomized"
-    protocols = ("randomized-gossip",)
+    protocols = catalog.RANDOMIZED
+
+    clocks = True
+
+    def validate(self, cfg, source):
+        from coordinator_free.families.averaging.validate import validate_values
+
+        validate_values(cfg, source)
+
+    def banner(self, cfg, plan):
+        from coordinator_free.families.randomized.render import banner
+
+        return banner(cfg, plan)
 
     def make_plan(self, cfg):
         from coordinator_free.families.randomized.protocol import make_plan

@@ -3,6 +3,7 @@ random-walk DP-SGD on any graph."""
 
 from __future__ import annotations
 
+from coordinator_free.families import catalog
 from coordinator_free.families.base import Family
 
 #: The token protocols whose token is a model.
@@ -11,20 +12,25 @@ MODEL_TOKENS = ("complete-sgd", "walk-sgd")
 
 class Walk(Family):
     name = "walk"
-    protocols = (
-        "ring-sum",
-        "ring-histogram",
-        "complete-sum",
-        "complete-histogram",
-        "complete-sgd",
-        "walk-sgd",
-    )
+    protocols = catalog.WALK
+
+    def validate(self, cfg, source):
+        from coordinator_free.families.averaging.validate import refuse_resample
+        from coordinator_free.families.walk.validate import validate_walk
+
+        refuse_resample(cfg, source)
+        validate_walk(cfg, source)
 
     def walks(self, cfg) -> bool:
         return True
 
     def sensitivity(self, cfg) -> float:
         return 2.0 * cfg.protocol.clip if cfg.protocol.name in MODEL_TOKENS else 1.0
+
+    def banner(self, cfg, plan):
+        from coordinator_free.families.walk.render import banner
+
+        return banner(cfg, plan)
 
     def make_plan(self, cfg):
         from coordinator_free.families.walk.protocol import make_plan

@@ -28,14 +28,17 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from coordinator_free import graphs, seeds
 from coordinator_free.accounting.core import AuditError, Units, read_logs, smallest_sigma
-from coordinator_free.config import Config
 from coordinator_free.families.walk import protocol as wk
 from coordinator_free.privacy import walk as acct
+
+if TYPE_CHECKING:
+    from coordinator_free.config import Config
 
 METHODS = ("exact", "paper")
 

@@ -33,13 +33,17 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import networkx as nx
 import numpy as np
 
 from coordinator_free import graphs, seeds
-from coordinator_free.config import Config, ConfigError
+from coordinator_free.errors import ConfigError
 from coordinator_free.families.averaging import protocol as mf
+
+if TYPE_CHECKING:
+    from coordinator_free.config import Config
 
 KIND = {
     "ring-sum": "sum",
