@@ -161,3 +161,95 @@ def smallest_sigma(eps_at, target_eps: float, sensitivity: float) -> float:
         else:
             hi = mid
     return hi
+
+
+@dataclass
+class ExchangeScan:
+    """What the exchange records (``send``, ``recv``, ``late``, ``finished``) of every readable
+    log say, after the integrity checks every family gets."""
+
+    used: dict[int, dict[int, set[int]]]  # node -> step -> senders whose value it used on time
+    seen: dict[int, set[tuple[int, int]]]  # node -> {(step, sender)} it received, late included
+    finished: set[int]  # nodes whose log ends with the run finished
+
+
+def scan_exchanges(logs: dict, plan, integrity: list[dict], digest) -> ExchangeScan:
+    """The integrity checks of the exchange records, the same for every family that exchanges
+    values at numbered steps (gossip averaging, randomized gossip, learning, DECOR):
+
+    * ``impossible-record``: a send, recv or late record whose step is not in 0..steps-1 or whose
+      peer is not the node's partner at that step (ignored);
+    * ``unfinished``: a log that ends before the node finished (a crash, a kill, a truncation);
+    * ``unmatched-recv``: a value received from a node whose log has no matching send;
+    * ``digest-mismatch``: a value received that differs from what its sender logged sending.
+
+    ``digest(value)`` computes the digest of a logged value (logs that keep values rather than
+    digests). Every problem is appended to ``integrity``."""
+    T = plan.steps
+    used: dict[int, dict[int, set[int]]] = {}
+    seen_all: dict[int, set[tuple[int, int]]] = {}
+    finished_nodes: set[int] = set()
+    sends: dict[tuple[int, int, int], str | None] = {}  # (step, sender, receiver) -> digest
+    recvs: dict[tuple[int, int, int], str] = {}
+    for v, vl in logs.items():
+        per_step: dict[int, set[int]] = {}
+        seen: set[tuple[int, int]] = set()
+        for r in vl.records:
+            k = r.get("k")
+            if k in ("recv", "late", "send"):
+                t, w = r.get("step"), r.get("peer")
+                if not (
+                    isinstance(t, int)
+                    and isinstance(w, int)
+                    and 0 <= t < T
+                    and w in plan.partners_at(v, t)
+                ):
+                    integrity.append(
+                        {
+                            "node": v,
+                            "kind": "impossible-record",
+                            "message": f"{k} record seq {r.get('seq')} names step {t!r} and "
+                            f"peer {w!r}, impossible for node {v}; ignored",
+                        }
+                    )
+                    continue
+                if k == "recv":
+                    per_step.setdefault(t, set()).add(w)
+                    seen.add((t, w))
+                    recvs[(t, w, v)] = (
+                        r["digest"] if "digest" in r else digest(np.asarray(r["value"]))
+                    )
+                elif k == "late":
+                    seen.add((t, w))
+                else:
+                    sends[(t, v, w)] = r.get("digest")
+            elif k == "finished":
+                finished_nodes.add(v)
+        if v not in finished_nodes:
+            integrity.append(
+                {
+                    "node": v,
+                    "kind": "unfinished",
+                    "message": "the log ends before the run finished (crash or kill)",
+                }
+            )
+        used[v] = per_step
+        seen_all[v] = seen
+    for (t, w, v), dg in recvs.items():
+        if w in logs and sends.get((t, w, v)) is None:
+            integrity.append(
+                {
+                    "node": v,
+                    "kind": "unmatched-recv",
+                    "message": f"step {t}: value from {w} has no send record in {w}'s log",
+                }
+            )
+        elif w in logs and sends[(t, w, v)] != dg:
+            integrity.append(
+                {
+                    "node": v,
+                    "kind": "digest-mismatch",
+                    "message": f"step {t}: value from {w} differs from what {w} logged sending",
+                }
+            )
+    return ExchangeScan(used=used, seen=seen_all, finished=finished_nodes)

@@ -10,7 +10,6 @@ messages every observer saw (late ones included), then computes the same quantit
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from coordinator_free.accounting.core import (
     Units,
     budget_factor,
     read_logs,
+    scan_exchanges,
     smallest_sigma,
     units_of,
 )
@@ -341,75 +341,9 @@ class Replay:
 def replay(run_dir: Path, plan: mf.MuffliatoPlan) -> Replay:
     n, T = plan.n, plan.steps
     integrity: list[dict] = []
-    got: dict[int, dict[int, set[int]]] = {}  # node -> step -> senders used on time
-    received: dict[int, set[tuple[int, int]]] = {}
-    sends: dict[tuple[int, int, int], str] = {}  # (step, sender, receiver) -> digest
-    recvs: dict[tuple[int, int, int], str] = {}
-    logged: set[int] = set()
-    for v, vl in read_logs(run_dir, plan, integrity).items():
-        logged.add(v)
-        per_step: dict[int, set[int]] = defaultdict(set)
-        seen: set[tuple[int, int]] = set()
-        finished = False
-        for r in vl.records:
-            k = r.get("k")
-            if k in ("recv", "late", "send"):
-                t, w = r.get("step"), r.get("peer")
-                if not (
-                    isinstance(t, int)
-                    and isinstance(w, int)
-                    and 0 <= t < T
-                    and w in plan.partners_at(v, t)
-                ):
-                    integrity.append(
-                        {
-                            "node": v,
-                            "kind": "impossible-record",
-                            "message": f"{k} record seq {r.get('seq')} names step {t!r} and "
-                            f"peer {w!r}, impossible for node {v}; ignored",
-                        }
-                    )
-                    continue
-                if k == "recv":
-                    per_step[t].add(w)
-                    seen.add((t, w))
-                    recvs[(t, w, v)] = (
-                        r["digest"] if "digest" in r else _digest(np.asarray(r["value"]))
-                    )
-                elif k == "late":
-                    seen.add((t, w))
-                else:
-                    sends[(t, v, w)] = r.get("digest")
-            elif k == "finished":
-                finished = True
-        if not finished:
-            integrity.append(
-                {
-                    "node": v,
-                    "kind": "unfinished",
-                    "message": "the log ends before the run finished (crash or kill)",
-                }
-            )
-        got[v] = per_step
-        received[v] = seen
-    for key, dg in recvs.items():
-        t, w, v = key
-        if w in logged and sends.get(key) is None:
-            integrity.append(
-                {
-                    "node": v,
-                    "kind": "unmatched-recv",
-                    "message": f"step {t}: value from {w} has no send record in {w}'s log",
-                }
-            )
-        elif w in logged and sends[key] != dg:
-            integrity.append(
-                {
-                    "node": v,
-                    "kind": "digest-mismatch",
-                    "message": f"step {t}: value from {w} differs from what {w} logged sending",
-                }
-            )
+    logs = read_logs(run_dir, plan, integrity)
+    scan = scan_exchanges(logs, plan, integrity, _digest)
+    got, received, logged = scan.used, scan.seen, set(logs)
     steps: list[tuple[np.ndarray, float]] = []
     # Any missing, damaged or unfinished log means the schedule is not fully known: never
     # treat such a run as fault-free.
