@@ -319,3 +319,41 @@ def test_randomized_realised_sequence_reproduces_the_survivors(seed):
     for v, res in run.results.items():
         if run.outcome[v] == "finished":
             assert np.array_equal(np.array(res["estimate"]), ref.finals[v]), v
+
+
+def test_everything_a_stalled_node_saw_is_audited(tmp_path):
+    """The stalled peer, audited: its neighbours miss it, and the audit's view of it holds
+    exactly the (step, sender) pairs its log shows it received, buffered ones included."""
+    from memrun import write_run_dir
+
+    from coordinator_free.accounting import audit
+    from coordinator_free.privacy import muffliato as acct
+
+    cfg = cfg_of("muffliato", "protocol.steps=10", "protocol.accelerated=false")
+    victim = 5
+    run = run_config(cfg, Faults(delay=0.01, freeze={victim: (0.015, 5 * DEADLINE)}), seed=0)
+    out = write_run_dir(cfg, run, tmp_path / "stall")
+    recv_steps = {(f["step"], f["peer"]) for k, f in run.logs[victim] if k in ("recv", "late")}
+    rep = audit.audit_run(out)
+    assert rep["fault_free"] is False
+    assert not [f for f in rep["integrity"] if f["kind"] != "unfinished"], rep["integrity"]
+    replay = audit.replay(out, audit.load_run(out)[1])
+    assert replay.received[victim] == recv_steps
+    f = acct.exact_factors(replay.steps, victim, sorted(recv_steps))
+    (obs,) = [o for o in rep["observers"] if o["observer"] == victim]
+    for x in obs["losses"]:
+        if x["method"] == "exact":
+            assert x["factor"] == pytest.approx(f[x["source"]], abs=1e-12)
+
+
+@pytest.mark.parametrize("name", ["muffliato", "randomized-gossip", "dsgd", "decor", "ring-sum"])
+def test_audit_of_a_fault_free_in_memory_run_is_fault_free(tmp_path, name):
+    from memrun import write_run_dir
+
+    from coordinator_free.accounting import audit
+
+    cfg = cfg_of(name)
+    out = write_run_dir(cfg, run_config(cfg, seed=1), tmp_path / name)
+    rep = audit.audit_run(out)
+    assert rep["fault_free"] is True, rep["integrity"]
+    assert rep["integrity"] == []

@@ -1,4 +1,7 @@
-"""The token driver of a peer: tokens handed from holder to holder over the encrypted channels.
+"""The token engine of a node: tokens handed from holder to holder (sans-IO: the peer shell or
+the in-memory network feeds it events and the time, and performs the sends and log records it
+returns). While a token stays with the node it follows the walk's hop loop
+(:func:`coordinator_free.families.walk.protocol.hops`, the simulator's loop too).
 
 Hand-off of token j at step s from holder a to b (each message names (j, s)):
 

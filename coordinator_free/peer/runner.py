@@ -119,25 +119,15 @@ async def run_peer(
         raise PeerFailure(f"node id {node_id} is not in the roster (ids 0..{plan.n - 1})")
     roster_mod.check_key_matches(roster, node_id, key)
     neighbours = plan.neighbours(node_id)
-    row = plan.row(node_id)
     deadline = cfg.network.deadline_s
 
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     (out_dir / "results").mkdir(parents=True, exist_ok=True)
-    params = {
-        **plan.public_params(),
-        "node": node_id,
-        "neighbours": neighbours,
-        "weights": {str(w): wt for w, wt in row.items()},
-        "weights_scheme": cfg.protocol.weights,
-        "deadline_s": deadline,
-        "config": cfg.to_dict(),
-    }
     vlog = ViewLogWriter(
         out_dir / "logs" / f"node-{node_id}.vlog",
         run_id=roster.run_id,
         node=node_id,
-        params=params,
+        params=node_params(cfg, plan, node_id),
         mode=0o600,  # what a node saw is its own business
     )
     net = PeerNet(
@@ -179,6 +169,19 @@ async def run_peer(
     finally:
         await net.close()
         vlog.close()
+
+
+def node_params(cfg: Config, plan, node_id: int) -> dict:
+    """The public parameters in the header of a node's view log (checked by the auditor)."""
+    return {
+        **plan.public_params(),
+        "node": node_id,
+        "neighbours": plan.neighbours(node_id),
+        "weights": {str(w): wt for w, wt in plan.row(node_id).items()},
+        "weights_scheme": cfg.protocol.weights,
+        "deadline_s": cfg.network.deadline_s,
+        "config": cfg.to_dict(),
+    }
 
 
 async def drive(engine, net, vlog, progress: Progress, deadline: float) -> Finish:
