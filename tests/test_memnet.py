@@ -327,6 +327,7 @@ def test_everything_a_stalled_node_saw_is_audited(tmp_path):
     from memrun import write_run_dir
 
     from coordinator_free.accounting import audit
+    from coordinator_free.families.averaging import accountant as gossip
     from coordinator_free.privacy import muffliato as acct
 
     cfg = cfg_of("muffliato", "protocol.steps=10", "protocol.accelerated=false")
@@ -337,7 +338,7 @@ def test_everything_a_stalled_node_saw_is_audited(tmp_path):
     rep = audit.audit_run(out)
     assert rep["fault_free"] is False
     assert not [f for f in rep["integrity"] if f["kind"] != "unfinished"], rep["integrity"]
-    replay = audit.replay(out, audit.load_run(out)[1])
+    replay = gossip.replay(out, audit.load_run(out)[1])
     assert replay.received[victim] == recv_steps
     f = acct.exact_factors(replay.steps, victim, sorted(recv_steps))
     (obs,) = [o for o in rep["observers"] if o["observer"] == victim]
