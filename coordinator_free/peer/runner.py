@@ -32,7 +32,6 @@ from coordinator_free import seeds
 from coordinator_free.config import Config
 from coordinator_free.engine.events import Finish, Log, PeerDown, Send
 from coordinator_free.engine.events import Progress as ProgressAction
-from coordinator_free.engine.step import digest  # noqa: F401 (peer.runner.digest, used by the audit)
 from coordinator_free.families import family_of
 from coordinator_free.net.transport import PeerNet
 from coordinator_free.viewlog import ViewLogWriter
