@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from coordinator_free import rundir
 from coordinator_free.errors import CfreeError
 
 METHODS = ("exact", "paper")
@@ -219,9 +220,9 @@ def _figure(width: float, height: float):
 
 def _save(fig, path: Path) -> None:
     """Write atomically; no 'Software' metadata so identical plots give identical bytes."""
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, format="png", dpi=DPI, metadata={"Software": None})
-    tmp.replace(path)
+    rundir.atomic_write(
+        path, lambda f: fig.savefig(f, format="png", dpi=DPI, metadata={"Software": None})
+    )
     fig.clear()
 
 
@@ -437,9 +438,9 @@ def render_report(
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir}: not a run directory")
-    audit = load_audit(run_dir / "audit.json")
+    audit = load_audit(rundir.audit_path(run_dir))
     notes: list[str] = []
-    metrics_path = run_dir / "metrics.jsonl"
+    metrics_path = rundir.metrics_path(run_dir)
     metrics = load_metrics(metrics_path, notes) if metrics_path.exists() else None
 
     out = run_dir / "report" if out_dir is None else Path(out_dir)

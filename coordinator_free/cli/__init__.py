@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from coordinator_free import __version__
+from coordinator_free import __version__, rundir
 from coordinator_free.cli import lab as lab_cli
 from coordinator_free.cli.commands import (
     _add_config_args,
@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--file", default="docker-compose.yml", help="compose file name in DIR")
     p.add_argument(
         "--config-file",
-        default="config.toml",
+        default=rundir.CONFIG,
         help="where the containers' config goes, relative to DIR (default: config.toml)",
     )
     p.add_argument(

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from coordinator_free import config as config_mod
+from coordinator_free import rundir
 from coordinator_free.accounting.render import (  # noqa: F401  (the CLI's text helpers)
     audit_matrix as _audit_matrix,
 )
@@ -204,9 +205,9 @@ def save_summary(args, out: Path, summary: dict, finished: list) -> dict | None:
     audit = None
     if not args.no_audit and finished:
         audit = audit_run(out)
-        write_json(out / "audit.json", audit)
+        write_json(rundir.audit_path(out), audit)
         summary["audit"] = {"fault_free": audit["fault_free"], "integrity": audit["integrity"]}
-    write_json(out / "summary.json", summary)
+    write_json(rundir.summary_path(out), summary)
     return audit
 
 
@@ -332,11 +333,11 @@ def _run_central(args, cfg, out: Path) -> int:
     streams = seeds.PublicSeedStreams(int.from_bytes(secrets.token_bytes(32), "big"))
     sim = simulate_learning(cfg, streams=streams)
     wall = time.monotonic() - t0
-    (out / "results").mkdir(exist_ok=True)
-    np.save(out / "results" / "central.models.npy", sim.models[:, 0], allow_pickle=False)
+    rundir.results_dir(out).mkdir(exist_ok=True)
+    np.save(rundir.central_models_path(out), sim.models[:, 0], allow_pickle=False)
     from coordinator_free.cluster.local import write_jsonl
 
-    write_jsonl(out / "metrics.jsonl", sim.metrics)
+    write_jsonl(rundir.metrics_path(out), sim.metrics)
     final = sim.metrics[-1]
     results = {
         "protocol": cfg.protocol.name,
@@ -355,9 +356,9 @@ def _run_central(args, cfg, out: Path) -> int:
     audit = None
     if not args.no_audit:
         audit = audit_run(out)
-        write_json(out / "audit.json", audit)
+        write_json(rundir.audit_path(out), audit)
         summary["audit"] = {"fault_free": True, "integrity": []}
-    write_json(out / "summary.json", summary)
+    write_json(rundir.summary_path(out), summary)
     if args.json:
         print(json.dumps(summary, indent=1))
     else:
@@ -592,15 +593,15 @@ def cmd_simulate(args) -> int:
 
         if args.config is not None:
             raise CliError("give either a config or --run, not both")
-        cfg = config_mod.load(args.run / "config.toml", args.set)
+        cfg = config_mod.load(rundir.config_path(args.run), args.set)
         if not family_of(cfg.protocol.name).has_peers(cfg):
             raise CliError(
                 f"{args.run} is a central-dp run: it has no peers to reproduce, and the curator's "
                 "noise came from a secret seed that is not kept"
             )
-        if not (args.run / "roster.json").is_file():
+        if not (rundir.roster_path(args.run)).is_file():
             raise CliError(f"{args.run} has no roster.json: not a run directory of `cfree run`")
-        n = len(json.loads((args.run / "roster.json").read_text())["nodes"])
+        n = len(json.loads((rundir.roster_path(args.run)).read_text())["nodes"])
         streams = seeds.streams_of_run(args.run, n)
     else:
         cfg = config_mod.load(args.config, args.set)
@@ -733,7 +734,7 @@ def cmd_keygen(args) -> int:
         if n < 2:
             raise CliError("--nodes must be at least 2")
     out: Path = args.out
-    roster_path = out / "roster.json"
+    roster_path = rundir.roster_path(out)
     if roster_path.exists():
         raise CliError(
             f"{roster_path} already exists; choose another --out (keys are never overwritten)"

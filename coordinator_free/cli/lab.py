@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from coordinator_free import rundir
 from coordinator_free.cluster import netns
 
 LAB_EPILOG = """\
@@ -394,7 +395,7 @@ def _run(args) -> int:
 
     results = local.collect_results(cfg, out)
     finished = [r for r in results["nodes"] if r["finished"]]
-    roster = json.loads((out / "roster.json").read_text())
+    roster = json.loads((rundir.roster_path(out)).read_text())
     summary = {
         "run_dir": str(out),
         "wall_s": run.wall_s,

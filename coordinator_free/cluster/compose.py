@@ -30,6 +30,7 @@ from pathlib import Path
 
 from coordinator_free import config as config_mod
 from coordinator_free import roster as roster_mod
+from coordinator_free import rundir
 from coordinator_free.errors import CfreeError
 
 IMAGE = "coordinator-free-peer:latest"
@@ -84,7 +85,7 @@ def render(
     n: int,
     *,
     describe: str,
-    config_file: str = "config.toml",
+    config_file: str = rundir.CONFIG,
     files_dir: str | None = None,
     run_dir: str = "./run",
     build_context: str | None = ".",
@@ -174,7 +175,7 @@ def write_compose(
     out_dir: Path,
     *,
     file_name: str = "docker-compose.yml",
-    config_file: str = "config.toml",
+    config_file: str = rundir.CONFIG,
     run_dir: str = "./run",
     port: int = PORT,
     force: bool = False,
@@ -247,14 +248,14 @@ def keygen_role(
             f"{config_path} describes {have} nodes but this compose file was written for {n}: "
             "regenerate it with `cfree compose`"
         )
-    roster_path = run_dir / "roster.json"
+    roster_path = rundir.roster_path(run_dir)
     if roster_path.exists():
         raise ComposeError(
             f"the run directory already holds a run ({roster_path} exists): move it away, or "
             "point CFREE_RUN_DIR at a new directory, then `docker compose up` again"
         )
     run_dir.mkdir(parents=True, exist_ok=True)
-    leftovers = [p for p in ("logs", "results", "audit.json") if (run_dir / p).exists()]
+    leftovers = [p for p in (rundir.LOGS, rundir.RESULTS, rundir.AUDIT) if (run_dir / p).exists()]
     if leftovers:
         raise ComposeError(
             f"the run directory {run_dir} holds {', '.join(leftovers)} of an earlier run but no "
@@ -286,9 +287,9 @@ def keygen_role(
     for name, src in files.items():
         (run_dir / name).parent.mkdir(exist_ok=True)
         shutil.copyfile(src, run_dir / name)
-    (run_dir / "config.toml").write_text(portable.to_toml())
-    (run_dir / "logs").mkdir(exist_ok=True)
-    (run_dir / "results").mkdir(exist_ok=True)
+    (rundir.config_path(run_dir)).write_text(portable.to_toml())
+    rundir.logs_dir(run_dir).mkdir(exist_ok=True)
+    rundir.results_dir(run_dir).mkdir(exist_ok=True)
     roster_mod.save_roster(roster_path, ros)
     return ros
 
@@ -299,7 +300,7 @@ def audit_role(run_dir: Path = Path(RUN_MOUNT)) -> dict:
     from coordinator_free.accounting.render import print_audit as _print_audit
 
     rep = audit_run(run_dir)
-    write_json(run_dir / "audit.json", rep)
+    write_json(rundir.audit_path(run_dir), rep)
     _print_audit(rep)
     print(f"wrote {run_dir / 'audit.json'}")
     return rep

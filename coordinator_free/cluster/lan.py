@@ -43,6 +43,7 @@ import textwrap
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
+from coordinator_free import rundir
 from coordinator_free.config import portable_config
 from coordinator_free.errors import CfreeError
 
@@ -431,9 +432,9 @@ def _peer_argv(node: NodeDeploy, cmd: list[str]) -> list[str]:
         *cmd,
         "peer",
         "--config",
-        str(d / "config.toml"),
+        str(rundir.config_path(d)),
         "--roster",
-        str(d / "roster.json"),
+        str(rundir.roster_path(d)),
         "--key",
         node.key_path,
         "--id",
@@ -549,8 +550,8 @@ def _host_readme(node, ros, cfg, hosts, user, extra, generate_keys) -> str:
     i, d = node.id, node.remote_dir
     unit = f"cfree-peer-{i}.service"
     files = [
-        ("config.toml", "the run's configuration (the same on every host)"),
-        ("roster.json", "the public roster: every node's address and public key"),
+        (rundir.CONFIG, "the run's configuration (the same on every host)"),
+        (rundir.ROSTER, "the public roster: every node's address and public key"),
         *((name, "a file the config refers to") for name in sorted(extra)),
         ("start.sh", "the exact command that starts this node's peer"),
         (unit, "the same command as a systemd unit"),
@@ -629,7 +630,7 @@ def _collect_sh(nodes, ros, user, extra) -> str:
         f"user=${{CFREE_SSH_USER-{user}}}",
         "mkdir -p run/logs run/results",
         "cp "
-        + " ".join(shlex.quote(n) for n in ["config.toml", "roster.json", *sorted(extra)])
+        + " ".join(shlex.quote(n) for n in [rundir.CONFIG, rundir.ROSTER, *sorted(extra)])
         + " run/",
         "failed=0",
         "fetch() {  # fetch HOST REMOTE_FILE LOCAL_DIR",
@@ -711,8 +712,8 @@ def write_deployment(dep: Deployment, out: str | os.PathLike) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
     try:
-        roster_mod.save_roster(tmp / "roster.json", dep.roster)
-        (tmp / "config.toml").write_text(dep.config_text)
+        roster_mod.save_roster(rundir.roster_path(tmp), dep.roster)
+        (rundir.config_path(tmp)).write_text(dep.config_text)
         for name, src in dep.extra_files.items():
             shutil.copyfile(src, tmp / name)
         _write_exec(tmp / "collect.sh", dep.collect_sh)
@@ -720,7 +721,7 @@ def write_deployment(dep: Deployment, out: str | os.PathLike) -> None:
         for node in dep.nodes:
             d = tmp / "hosts" / f"node-{node.id}"
             d.mkdir(parents=True)
-            for name in ("roster.json", "config.toml", *dep.extra_files):
+            for name in (rundir.ROSTER, rundir.CONFIG, *dep.extra_files):
                 shutil.copyfile(tmp / name, d / name)
             for name, text in node.files.items():
                 if name.endswith(".sh"):
@@ -731,7 +732,7 @@ def write_deployment(dep: Deployment, out: str | os.PathLike) -> None:
                 roster_mod.save_private_key(d / KEY_FILE, dep.private_keys[node.id])
         # The written config must load as the hosts will load it (paths relative to it).
         try:
-            config_mod.load(tmp / "config.toml")
+            config_mod.load(rundir.config_path(tmp))
         except config_mod.ConfigError as exc:
             raise LanError(f"the config written for the hosts does not load: {exc}") from None
         os.chmod(tmp, 0o755)
@@ -771,18 +772,7 @@ def make_keypair(out_dir: str | os.PathLike) -> tuple[bytes, bool]:
 
 
 def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    rundir.write_text(path, text, mode=mode)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1000,8 +990,8 @@ def cmd_roster(args) -> int:
     out = Path(args.out)
     summary = {
         "out": str(out),
-        "roster": str(out / "roster.json"),
-        "config": str(out / "config.toml"),
+        "roster": str(rundir.roster_path(out)),
+        "config": str(rundir.config_path(out)),
         "collect": str(out / "collect.sh"),
         "run_id": dep.roster.run_id,
         "name": dep.roster.name,

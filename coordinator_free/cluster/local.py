@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from coordinator_free import roster as roster_mod
-from coordinator_free import seeds
+from coordinator_free import rundir, seeds
 from coordinator_free.config import Config
 from coordinator_free.errors import CfreeError
 from coordinator_free.families import family_of, make_plan
@@ -75,7 +75,7 @@ def prepare_run_dir(cfg: Config, out_dir: Path) -> None:
     if out_dir.exists() and any(out_dir.iterdir()):
         raise LaunchError(f"run directory {out_dir} already exists and is not empty")
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.toml").write_text(cfg.to_toml())
+    (rundir.config_path(out_dir)).write_text(cfg.to_toml())
 
 
 def check_loopback(host: str) -> None:
@@ -218,8 +218,8 @@ def peer_argv(out_dir: Path, node: int) -> list[str]:
     roster and keys already there), reporting progress as JSON lines on its stdout."""
     return [
         sys.executable, "-m", "coordinator_free", "peer",
-        "--config", str(out_dir / "config.toml"),
-        "--roster", str(out_dir / "roster.json"),
+        "--config", str(rundir.config_path(out_dir)),
+        "--roster", str(rundir.roster_path(out_dir)),
         "--key", str(roster_mod.key_path(out_dir / "keys", node)),
         "--id", str(node),
         "--out", str(out_dir),
@@ -258,7 +258,7 @@ async def supervise_peers(
     n = plan.n
     procs: list[asyncio.subprocess.Process] = []
     try:
-        (out_dir / "logs").mkdir(exist_ok=True)
+        rundir.logs_dir(out_dir).mkdir(exist_ok=True)
         display = ProgressDisplay(
             n, plan.steps, show_progress, token=family_of(cfg.protocol.name).walks(cfg)
         )
@@ -284,9 +284,7 @@ async def supervise_peers(
             timeout_s = run_timeout(cfg, plan)
         watchers = [
             asyncio.ensure_future(
-                _watch_peer(
-                    i, p, outcomes[i], display, out_dir / "logs" / f"node-{i}.stderr", on_event
-                )
+                _watch_peer(i, p, outcomes[i], display, rundir.stderr_path(out_dir, i), on_event)
             )
             for i, p in enumerate(procs)
         ]
@@ -302,7 +300,7 @@ async def supervise_peers(
         display.render(final=True)
         for o in outcomes:
             if o.returncode not in (0, None) and o.error is None:
-                tail = _stderr_tail(out_dir / "logs" / f"node-{o.node}.stderr")
+                tail = _stderr_tail(rundir.stderr_path(out_dir, o.node))
                 if o.returncode < 0:
                     try:
                         name = signal.Signals(-o.returncode).name
@@ -343,7 +341,7 @@ async def launch_peers(
     try:
         hosts = [(cfg.network.host, s.getsockname()[1]) for s in socks]
         ros = roster_mod.generate_keys(n, out_dir / "keys", hosts=hosts, name=cfg.run.name)
-        roster_mod.save_roster(out_dir / "roster.json", ros)
+        roster_mod.save_roster(rundir.roster_path(out_dir), ros)
 
         def with_socket(i: int, argv: list[str]) -> tuple[list[str], tuple[int, ...]]:
             fd = socks[i].fileno()
@@ -380,7 +378,7 @@ def _stderr_tail(path: Path, lines: int = 5) -> str:
 
 def _node_result(out_dir: Path, v: int) -> dict | None:
     try:
-        return json.loads((out_dir / "results" / f"node-{v}.json").read_text())
+        return json.loads((rundir.result_path(out_dir, v)).read_text())
     except (OSError, ValueError):
         return None
 
@@ -430,7 +428,7 @@ def collect_learning_results(cfg: Config, out_dir: Path) -> dict:
     if histories:
         stacked = np.stack([histories[v] for v in sorted(histories)], axis=1)  # (R+1, n', dim)
         metrics = [lp.round_metrics(task, r, stacked[r]) for r in range(stacked.shape[0])]
-        write_jsonl(out_dir / "metrics.jsonl", metrics)
+        write_jsonl(rundir.metrics_path(out_dir), metrics)
     return {
         "protocol": plan.protocol,
         "rounds": plan.rounds,
@@ -502,7 +500,5 @@ def collect_results(cfg: Config, out_dir: Path) -> dict:
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
-    """One JSON object per line, written to a temporary file and renamed into place."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(path)
+    """One JSON object per line, written atomically (rundir.write_jsonl)."""
+    rundir.write_jsonl(path, rows)
