@@ -421,3 +421,18 @@ __all__ = [
     "WaitUntil",
     "digest",
 ]
+
+
+def engine_for(cfg, plan, node: int, program: Callable[[StepEngine], Program]) -> StepEngine:
+    """The step engine of ``node`` running ``program`` over a plan's steps and partners, with
+    the run's deadline and logging options (every gossip family builds its engine so)."""
+    return StepEngine(
+        node=node,
+        neighbours=plan.neighbours(node),
+        steps=plan.steps,
+        deadline=cfg.network.deadline_s,
+        log_values=cfg.log.values,
+        dim=plan.dim,
+        program=program,
+        partners_at=lambda t: plan.partners_at(node, t),
+    )
