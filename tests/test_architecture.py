@@ -113,7 +113,7 @@ def import_graph() -> nx.DiGraph:
 def test_the_import_graph_finds_the_edges_it_should():
     g = import_graph()
     assert g.has_edge("coordinator_free.accounting.audit", "coordinator_free.families")
-    assert g.has_edge("coordinator_free.cli.commands", "coordinator_free.config")
+    assert g.has_edge("coordinator_free.cli.plan", "coordinator_free.config")
     assert g.has_edge("coordinator_free.cli", "coordinator_free.cli.lab")
     assert len(g.edges) > 100
 

@@ -1,6 +1,7 @@
-"""The ``cfree`` command line: the parser and ``main``; the commands live in
-``cli.commands`` (run, plan, audit, simulate, keygen, compose, peer, keypair/roster) and
-``cli.lab`` (the namespace lab)."""
+"""The ``cfree`` command line: the parser and ``main``; one module per command (``cli.run``,
+``cli.plan``, ``cli.audit``, ``cli.simulate``, ``cli.keygen``, ``cli.compose``, ``cli.peer``,
+``cli.lan`` for keypair and roster, ``cli.lab``) and ``cli.common`` for what they share.
+Nothing outside ``cli/`` imports it."""
 
 from __future__ import annotations
 
@@ -10,17 +11,15 @@ from pathlib import Path
 
 from coordinator_free import __version__, rundir
 from coordinator_free.cli import lab as lab_cli
-from coordinator_free.cli.commands import (
-    _add_config_args,
-    cmd_audit,
-    cmd_compose,
-    cmd_keygen,
-    cmd_lan,
-    cmd_peer,
-    cmd_plan,
-    cmd_run,
-    cmd_simulate,
-)
+from coordinator_free.cli.audit import cmd_audit
+from coordinator_free.cli.common import _add_config_args
+from coordinator_free.cli.compose import cmd_compose
+from coordinator_free.cli.keygen import cmd_keygen
+from coordinator_free.cli.lan import cmd_lan
+from coordinator_free.cli.peer import cmd_peer
+from coordinator_free.cli.plan import cmd_plan
+from coordinator_free.cli.run import cmd_run
+from coordinator_free.cli.simulate import cmd_simulate
 from coordinator_free.errors import EXIT_INTERRUPTED, CfreeError
 
 

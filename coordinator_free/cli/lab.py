@@ -42,7 +42,7 @@ def _add_name(p: argparse.ArgumentParser) -> None:
 
 def add_lab_parser(sub) -> None:
     """Add ``lab`` and its actions to the ``cfree`` subcommands ``sub``."""
-    from coordinator_free.cli.commands import _add_config_args
+    from coordinator_free.cli.common import _add_config_args
 
     lab = sub.add_parser(
         "lab",
@@ -330,8 +330,8 @@ def _restore_links(lab: netns.Lab, schedule: LinkSchedule, already_cut: list[int
 
 def _run(args) -> int:
     from coordinator_free import config as config_mod
-    from coordinator_free.cli.commands import (
-        _cancel_on_sigterm,
+    from coordinator_free.cli.common import _cancel_on_sigterm
+    from coordinator_free.cli.run import (
         _print_run_summary,
         _run_banner,
         save_summary,
