@@ -170,7 +170,7 @@ def _print_calibration(rep: dict) -> None:
         f"{rep['protocol']}: sigma = {rep['sigma']:.6g} meets eps <= {rep['target_eps']:g} at "
         f"delta = {rep['delta']:g} ({rep['method']} method, {rep['budget']} budget, "
         f"sensitivity {rep['sensitivity']:g}, {rep['steps']} "
-        f"{'hops' if family_of(rep['protocol']).walks(None) else 'exchange steps'})"
+        f"{family_of(rep['protocol']).step_unit})"
     )
     print(f"  {what}: rdp = {_fmt(b.get('rdp'))}, eps = {_fmt(b['eps'])}")
     w, m = rep["worst_pair"], rep["mean_over_pairs"]

@@ -30,6 +30,8 @@ class Family:
     clocks: bool = False
     #: Whether the protocol adds pairwise-correlated noise (``privacy.sigma_cor``, collusion).
     correlated_noise: bool = False
+    #: What the plan's ``steps`` count, in words (printed beside a calibration).
+    step_unit: str = "exchange steps"
 
     # ------------------------------------------------------------------ what kind of protocol
 

@@ -13,6 +13,7 @@ MODEL_TOKENS = ("complete-sgd", "walk-sgd")
 class Walk(Family):
     name = "walk"
     protocols = catalog.WALK
+    step_unit = "hops"
 
     def validate(self, cfg, source):
         from coordinator_free.families.averaging.validate import refuse_resample
