@@ -30,6 +30,7 @@ from pathlib import Path
 
 from coordinator_free import config as config_mod
 from coordinator_free import roster as roster_mod
+from coordinator_free import rundir
 
 IMAGE = "coordinator-free-peer:latest"
 PORT = 7000
@@ -57,10 +58,11 @@ def key_volume(i: int) -> str:
 
 def node_count(cfg: config_mod.Config) -> int:
     """The number of peers the config runs; a trusted-curator config has none to place."""
-    from coordinator_free.accounting.audit import make_plan
+    from coordinator_free.families import family_of
 
-    plan = make_plan(cfg)
-    if cfg.learning and not getattr(plan, "decentralized", True):
+    family = family_of(cfg.protocol.name)
+    plan = family.make_plan(cfg)
+    if not family.has_peers(cfg):
         raise ComposeError(
             f"protocol {cfg.protocol.name} is the trusted-curator baseline: one process, no "
             "peers to run as containers (use cfree run)"
@@ -293,13 +295,13 @@ def keygen_role(
 
 def audit_role(run_dir: Path = Path(RUN_MOUNT)) -> dict:
     """The auditor service: replay the logs, write ``audit.json`` beside them, print the report."""
-    from coordinator_free.accounting.audit import audit_run, write_json
-    from coordinator_free.cli import _print_audit
+    from coordinator_free.accounting.audit import audit_run
+    from coordinator_free.families import family_of
 
     rep = audit_run(run_dir)
-    write_json(run_dir / "audit.json", rep)
-    _print_audit(rep)
-    print(f"wrote {run_dir / 'audit.json'}")
+    rundir.write_json(rundir.audit_path(run_dir), rep)
+    family_of(rep["protocol"]).print_audit(rep)
+    print(f"wrote {rundir.audit_path(run_dir)}")
     return rep
 
 

@@ -321,10 +321,11 @@ def plan_deployment(
 
     from coordinator_free import roster as roster_mod
     from coordinator_free.config import NAME_CHARS
-    from coordinator_free.families import make_plan
+    from coordinator_free.families import family_of
 
-    plan = make_plan(cfg)
-    if cfg.learning and not plan.decentralized:
+    family = family_of(cfg.protocol.name)
+    plan = family.make_plan(cfg)
+    if not family.has_peers(cfg):
         raise LanError(
             f"{cfg.protocol.name} is the trusted-curator baseline: it runs in one process "
             "(cfree run), not as peers on several machines"

@@ -34,9 +34,9 @@ from pathlib import Path
 import numpy as np
 
 from coordinator_free import roster as roster_mod
-from coordinator_free import seeds
+from coordinator_free import rundir, seeds
 from coordinator_free.config import Config
-from coordinator_free.families import make_plan
+from coordinator_free.families import family_of, make_plan
 from coordinator_free.families.averaging import protocol as mf
 from coordinator_free.families.learning.protocol import models_path
 
@@ -74,7 +74,7 @@ def prepare_run_dir(cfg: Config, out_dir: Path) -> None:
     if out_dir.exists() and any(out_dir.iterdir()):
         raise LaunchError(f"run directory {out_dir} already exists and is not empty")
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.toml").write_text(cfg.to_toml())
+    rundir.write_text(rundir.config_path(out_dir), cfg.to_toml())
 
 
 def check_loopback(host: str) -> None:
@@ -217,9 +217,9 @@ def peer_argv(out_dir: Path, node: int) -> list[str]:
     roster and keys already there), reporting progress as JSON lines on its stdout."""
     return [
         sys.executable, "-m", "coordinator_free", "peer",
-        "--config", str(out_dir / "config.toml"),
-        "--roster", str(out_dir / "roster.json"),
-        "--key", str(roster_mod.key_path(out_dir / "keys", node)),
+        "--config", str(rundir.config_path(out_dir)),
+        "--roster", str(rundir.roster_path(out_dir)),
+        "--key", str(rundir.key_path(rundir.keys_dir(out_dir), node)),
         "--id", str(node),
         "--out", str(out_dir),
         "--progress-fd", "1",
@@ -257,8 +257,10 @@ async def supervise_peers(
     n = plan.n
     procs: list[asyncio.subprocess.Process] = []
     try:
-        (out_dir / "logs").mkdir(exist_ok=True)
-        display = ProgressDisplay(n, plan.steps, show_progress, token=cfg.walk)
+        rundir.logs_dir(out_dir).mkdir(exist_ok=True)
+        display = ProgressDisplay(
+            n, plan.steps, show_progress, token=family_of(cfg.protocol.name).walks(cfg)
+        )
         outcomes = [PeerOutcome(node=i, returncode=None) for i in range(n)]
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -281,9 +283,7 @@ async def supervise_peers(
             timeout_s = run_timeout(cfg, plan)
         watchers = [
             asyncio.ensure_future(
-                _watch_peer(
-                    i, p, outcomes[i], display, out_dir / "logs" / f"node-{i}.stderr", on_event
-                )
+                _watch_peer(i, p, outcomes[i], display, rundir.stderr_path(out_dir, i), on_event)
             )
             for i, p in enumerate(procs)
         ]
@@ -299,7 +299,7 @@ async def supervise_peers(
         display.render(final=True)
         for o in outcomes:
             if o.returncode not in (0, None) and o.error is None:
-                tail = _stderr_tail(out_dir / "logs" / f"node-{o.node}.stderr")
+                tail = _stderr_tail(rundir.stderr_path(out_dir, o.node))
                 if o.returncode < 0:
                     try:
                         name = signal.Signals(-o.returncode).name
@@ -339,8 +339,8 @@ async def launch_peers(
     socks = bind_sockets(cfg.network.host, n, cfg.network.base_port)
     try:
         hosts = [(cfg.network.host, s.getsockname()[1]) for s in socks]
-        ros = roster_mod.generate_keys(n, out_dir / "keys", hosts=hosts, name=cfg.run.name)
-        roster_mod.save_roster(out_dir / "roster.json", ros)
+        ros = roster_mod.generate_keys(n, rundir.keys_dir(out_dir), hosts=hosts, name=cfg.run.name)
+        roster_mod.save_roster(rundir.roster_path(out_dir), ros)
 
         def with_socket(i: int, argv: list[str]) -> tuple[list[str], tuple[int, ...]]:
             fd = socks[i].fileno()
@@ -498,7 +498,5 @@ def collect_results(cfg: Config, out_dir: Path) -> dict:
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
-    """One JSON object per line, written to a temporary file and renamed into place."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(path)
+    """One JSON object per line, written atomically (see :mod:`coordinator_free.rundir`)."""
+    rundir.write_jsonl(path, rows)

@@ -48,7 +48,7 @@ from pathlib import Path
 from coordinator_free import roster as roster_mod
 from coordinator_free.cluster.local import LaunchError, LocalRun, supervise_peers
 from coordinator_free.config import Config
-from coordinator_free.families import make_plan
+from coordinator_free.families import family_of
 
 DEFAULT_NAME = "cfree"
 DEFAULT_SUBNET = "10.213.0.0/16"
@@ -599,9 +599,10 @@ async def launch_peers_in_lab(
     ``on_event(node, event, pid)`` is called for every progress event a peer reports; ``pid`` is
     the peer's own process.
     """
-    plan = make_plan(cfg)
+    family = family_of(cfg.protocol.name)
+    plan = family.make_plan(cfg)
     n = plan.n
-    if cfg.learning and not plan.decentralized:
+    if not family.has_peers(cfg):
         raise LabError(
             f"{cfg.protocol.name} is the trusted-curator baseline: one process, no peers to "
             "place on lab hosts (use cfree run)"

@@ -1,0 +1,72 @@
+"""Helpers every command module shares: config arguments, output, the usage error, SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+
+from coordinator_free.errors import UsageError
+from coordinator_free.textfmt import fmt as _fmt
+from coordinator_free.textfmt import table as _table
+
+__all__ = ["CliError", "_cancel_on_sigterm", "_emit", "_fmt", "_table", "add_config_args"]
+
+
+class CliError(UsageError):
+    """A command-line argument (or combination) that cannot be used: exit 2."""
+
+
+def add_config_args(p: argparse.ArgumentParser, optional: bool = True) -> None:
+    """The experiment config positional and its ``--set`` overrides."""
+    p.add_argument(
+        "config",
+        nargs="?" if optional else None,
+        help="experiment config (TOML); without it the built-in default: Muffliato on a ring of 8"
+        if optional
+        else "experiment config (TOML)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config key, e.g. --set graph.nodes=16 (repeatable; value parsed as TOML)",
+    )
+
+
+# The name the lab command (and older callers) know it by.
+_add_config_args = add_config_args
+
+
+def _emit(args, report: dict, printer) -> int:
+    """JSON on stdout with --json, else the human rendering."""
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        printer(report)
+    return 0
+
+
+async def _cancel_on_sigterm(coro):
+    """SIGTERM ends the run like Ctrl-C: the main task is cancelled (so the launcher stops every
+    peer it started) and the command ends as interrupted."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    terminated = False
+
+    def on_term() -> None:
+        nonlocal terminated
+        terminated = True
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, on_term)
+    try:
+        return await coro
+    except asyncio.CancelledError:
+        if terminated:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)

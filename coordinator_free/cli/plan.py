@@ -1,0 +1,64 @@
+"""`cfree plan`: pairwise privacy losses from the public parameters, or a calibration."""
+
+from __future__ import annotations
+
+from coordinator_free import config as config_mod
+from coordinator_free.cli.common import CliError, _emit, add_config_args
+from coordinator_free.families import family_of
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="pairwise privacy losses from public parameters only (before running)",
+        description="Compute, from the config alone, the loss from a source node to every "
+        "observer (the fault-free schedule). --method exact: the exact Rényi divergence of the "
+        "observer's whole view; --method paper: Eq. (6) of the Muffliato paper. Token protocols: "
+        "exact is the loss conditional on the walk (the ring's, or one walk sampled from the "
+        "public seed), paper the theorem of the protocol's paper with senders known. decor: the "
+        "SecLDP guarantee at privacy.collusion (exact: Algorithms 2/3 of the DECOR paper; paper: "
+        "its closed form) and the pairwise losses to curious users. Without --source, a summary "
+        "over all pairs by graph distance.",
+    )
+    add_config_args(p)
+    p.add_argument("--source", type=int, help="source node u (default: summary over all pairs)")
+    p.add_argument("--method", choices=["exact", "paper"], default="exact")
+    p.add_argument(
+        "--target-eps",
+        type=float,
+        metavar="E",
+        help="calibrate instead: find the smallest privacy.sigma whose eps (at privacy.delta) "
+        "is at most E, and name the binding pair",
+    )
+    p.add_argument(
+        "--budget",
+        choices=["worst", "mean"],
+        default="worst",
+        help="with --target-eps: 'worst' (default) bounds every pair; 'mean' bounds the mean "
+        "loss over pairs (the Muffliato paper's summary, not a guarantee for any pair)",
+    )
+    p.add_argument(
+        "--pair",
+        choices=["low", "mid", "high"],
+        default="mid",
+        help="decor with --target-eps: which of the (sigma, sigma_cor) pairs that meet the "
+        "target to use: the smallest sigma (largest sigma_cor), the middle of the grid "
+        "(default) or the largest sigma (sigma_cor near 0, local DP); all are listed in --json",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def cmd_plan(args) -> int:
+    from coordinator_free.accounting.audit import calibrate, plan_report
+
+    cfg = config_mod.load(args.config, args.set)
+    family = family_of(cfg.protocol.name)
+    if args.target_eps is not None:
+        if args.source is not None:
+            raise CliError("--target-eps calibrates over all pairs; drop --source")
+        rep = calibrate(
+            cfg, args.target_eps, method=args.method, budget=args.budget, decor_pair=args.pair
+        )
+        return _emit(args, rep, family.print_calibration)
+    rep = plan_report(cfg, source=args.source, method=args.method)
+    return _emit(args, rep, family.print_plan)

@@ -1,0 +1,152 @@
+"""`cfree run`: an experiment on a local cluster of peer processes, its summary and audit.
+
+The steps after the peers are done (compare with the simulator, audit, write summary.json, print)
+are shared with `cfree lab run`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from coordinator_free import config as config_mod
+from coordinator_free import rundir
+from coordinator_free.cli.common import _cancel_on_sigterm, add_config_args
+from coordinator_free.families import family_of
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run an experiment on a local cluster of peer processes",
+        description="Start one peer process per node on loopback, run the protocol over encrypted "
+        "TCP channels, then print the estimate error per node, rounds/s, bytes sent and the "
+        "pairwise privacy losses the auditor computed from the view logs. Everything lands in a "
+        "run directory (config, roster, keys, logs, results, audit).",
+    )
+    add_config_args(p)
+    p.add_argument("--out", type=Path, help="run directory (default: runs/<name>-<time>-<rand>)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.add_argument("--no-audit", action="store_true", help="skip the audit at the end")
+
+
+def run_banner(cfg, plan) -> str:
+    return family_of(cfg.protocol.name).run_banner(cfg, plan)
+
+
+def print_run_summary(cfg, summary: dict, audit: dict | None) -> None:
+    family_of(cfg.protocol.name).print_summary(summary, audit)
+
+
+def simulator_diff(cfg, plan, out: Path, results: dict) -> float | None:
+    """max |peer - simulator| over what finished (None if nothing did); the simulator is
+    given the run's node streams, rebuilt from its keys."""
+    from coordinator_free import seeds
+
+    streams = seeds.streams_of_run(out, len(results["nodes"]))
+    return family_of(cfg.protocol.name).simulator_diff(cfg, plan, out, results, streams)
+
+
+def save_summary(args, out: Path, summary: dict, finished: list) -> dict | None:
+    """Audit the run (unless --no-audit or nothing finished) into audit.json, note the verdict
+    in the summary and write summary.json; return the audit."""
+    from coordinator_free.accounting.audit import audit_run
+
+    audit = None
+    if not args.no_audit and finished:
+        audit = audit_run(out)
+        rundir.write_json(rundir.audit_path(out), audit)
+        summary["audit"] = {"fault_free": audit["fault_free"], "integrity": audit["integrity"]}
+    rundir.write_json(rundir.summary_path(out), summary)
+    return audit
+
+
+def cmd_run(args) -> int:
+    from coordinator_free.cluster import local
+
+    cfg = config_mod.load(args.config, args.set)
+    family = family_of(cfg.protocol.name)
+    plan = family.make_plan(cfg)
+    out = args.out or local.default_run_dir(cfg)
+    local.prepare_run_dir(cfg, out)
+    if not args.quiet:
+        print(f"run directory: {out}", file=sys.stderr)
+        print(family.run_banner(cfg, plan), file=sys.stderr)
+    if not family.has_peers(cfg):
+        return _run_central(args, cfg, out)
+    run = asyncio.run(
+        _cancel_on_sigterm(local.launch_peers(cfg, out, show_progress=not args.quiet))
+    )
+    results = local.collect_results(cfg, out)
+    finished = [r for r in results["nodes"] if r["finished"]]
+    match = simulator_diff(cfg, plan, out, results)
+    summary = {
+        "run_dir": str(out),
+        "wall_s": run.wall_s,
+        "results": results,
+        "simulator_max_abs_diff": match,
+        "failed": [
+            {"node": o.node, "returncode": o.returncode, "error": o.error} for o in run.failed
+        ],
+    }
+    audit = save_summary(args, out, summary, finished)
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        family.print_summary(summary, audit)
+    if run.failed:
+        for o in run.failed:
+            print(
+                f"cfree run: node {o.node} failed (exit {o.returncode}): {o.error}", file=sys.stderr
+            )
+        return 1
+    return 0
+
+
+def _run_central(args, cfg, out: Path) -> int:
+    """A protocol without peers (the trusted-curator baseline): one process holds every shard;
+    no view logs."""
+    import secrets
+    import time
+
+    from coordinator_free import seeds
+    from coordinator_free.accounting.audit import audit_run
+    from coordinator_free.sim import simulate_learning
+
+    t0 = time.monotonic()
+    # The curator's noise must be secret: a fresh 256-bit seed, not the public run seed.
+    streams = seeds.PublicSeedStreams(int.from_bytes(secrets.token_bytes(32), "big"))
+    sim = simulate_learning(cfg, streams=streams)
+    wall = time.monotonic() - t0
+    rundir.results_dir(out).mkdir(exist_ok=True)
+    rundir.write_npy(rundir.central_models_path(out), sim.models[:, 0])
+    rundir.write_jsonl(rundir.metrics_path(out), sim.metrics)
+    final = sim.metrics[-1]
+    results = {
+        "protocol": cfg.protocol.name,
+        "rounds": sim.plan.rounds,
+        "gossip_steps": 0,
+        "steps": 0,
+        "nodes": [],
+        "metrics": sim.metrics,
+        "central": {
+            "test_loss": final["avg_test_loss"],
+            "test_accuracy": final["avg_test_accuracy"],
+        },
+    }
+    summary = {"run_dir": str(out), "wall_s": wall, "results": results,
+               "simulator_max_abs_diff": None, "failed": []}  # fmt: skip
+    audit = None
+    if not args.no_audit:
+        audit = audit_run(out)
+        rundir.write_json(rundir.audit_path(out), audit)
+        summary["audit"] = {"fault_free": True, "integrity": []}
+    rundir.write_json(rundir.summary_path(out), summary)
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print_run_summary(cfg, summary, audit)
+    return 0
