@@ -40,7 +40,6 @@ import os
 import re
 import secrets
 import stat
-import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +48,9 @@ from typing import Any
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+from coordinator_free import rundir
+from coordinator_free.errors import InputError
 
 FORMAT = "cfree-roster"
 VERSION = 1
@@ -61,7 +63,7 @@ _HEX = re.compile(r"[0-9a-fA-F]*")
 _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
 
 
-class RosterError(ValueError):
+class RosterError(InputError, ValueError):
     """A roster or key file is missing, malformed, or does not match."""
 
 
@@ -389,36 +391,7 @@ def load_roster(path: str | os.PathLike) -> Roster:
 
 def save_roster(path: str | os.PathLike, roster: Roster) -> None:
     """Write ``roster`` to ``path`` atomically (temporary file, fsync, rename), mode 0644."""
-    path = Path(path)
-    text = roster.to_json().encode()
-    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
+    rundir.write_bytes(path, roster.to_json().encode(), mode=0o644)
 
 
 # --------------------------------------------------------------------------------------------
@@ -427,7 +400,7 @@ def _fsync_dir(directory: Path) -> None:
 
 def key_path(key_dir: str | os.PathLike, node_id: int) -> Path:
     """Where node ``node_id``'s private key lives inside ``key_dir``."""
-    return Path(key_dir) / f"node-{node_id}.key"
+    return rundir.key_path(key_dir, node_id)
 
 
 def public_bytes(key: X25519PrivateKey) -> bytes:
@@ -478,7 +451,7 @@ def save_private_key(path: str | os.PathLike, key: X25519PrivateKey) -> None:
                 os.close(fd)
     finally:
         os.unlink(tmp)
-    _fsync_dir(path.parent)
+    rundir.fsync_dir(path.parent)
 
 
 def load_private_key(path: str | os.PathLike) -> X25519PrivateKey:

@@ -164,7 +164,7 @@ def cmd_lab(args) -> int:
         return _ACTIONS[args.lab_command](args)
     except LaunchError as exc:
         print(f"cfree lab {args.lab_command}: error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
 
 
 # ------------------------------------------------------------------------------------ actions

@@ -31,6 +31,7 @@ from pathlib import Path
 from coordinator_free import config as config_mod
 from coordinator_free import roster as roster_mod
 from coordinator_free import rundir
+from coordinator_free.errors import CfreeError, InputError, exit_code_of
 
 IMAGE = "coordinator-free-peer:latest"
 PORT = 7000
@@ -44,7 +45,7 @@ KEY_MOUNT = "/cfree/key"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
-class ComposeError(ValueError):
+class ComposeError(InputError, ValueError):
     """A compose file cannot be written, or a role cannot run; the message says why."""
 
 
@@ -328,14 +329,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             audit_role()
     except (
-        ComposeError,
+        CfreeError,
         AuditError,
         config_mod.ConfigError,
         roster_mod.RosterError,
         OSError,
     ) as exc:
         print(f"cfree {args.role}: {exc}", file=sys.stderr)
-        return 2
+        return exit_code_of(exc) or 2
     return 0
 
 

@@ -43,7 +43,9 @@ import textwrap
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
+from coordinator_free import rundir
 from coordinator_free.config import portable_config
+from coordinator_free.errors import CfreeError, InputError, exit_code_of
 
 DEFAULT_PORT = 7000
 DEFAULT_REMOTE_DIR = "/opt/cfree/run"
@@ -59,7 +61,7 @@ _PORT = re.compile(r"[0-9]{1,5}")
 _HOST_CHARS = re.compile(r"[A-Za-z0-9_.:%-]+")
 
 
-class LanError(ValueError):
+class LanError(InputError, ValueError):
     """A hosts file, an option or an output directory cannot be used; the message says where."""
 
 
@@ -770,21 +772,6 @@ def make_keypair(out_dir: str | os.PathLike) -> tuple[bytes, bool]:
     return roster_mod.public_bytes(key), True
 
 
-def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 # --------------------------------------------------------------------------------------------
 # Command line
 
@@ -915,7 +902,7 @@ def add_parsers(sub) -> None:
 
 def _fail(command: str, exc: Exception) -> int:
     print(f"cfree {command}: error: {exc}", file=sys.stderr)
-    return 2
+    return exit_code_of(exc) or 2
 
 
 def _errors():
@@ -923,7 +910,7 @@ def _errors():
     from coordinator_free.graphs import GraphError
     from coordinator_free.roster import RosterError
 
-    return (LanError, ConfigError, GraphError, RosterError)
+    return (CfreeError, ConfigError, GraphError, RosterError)
 
 
 def cmd_keypair(args) -> int:
@@ -940,7 +927,7 @@ def cmd_keypair(args) -> int:
     line = public.hex() if address is None else f"{address} {public.hex()}"
     pub_path = Path(args.out) / PUB_FILE
     try:
-        _atomic_write(pub_path, line + "\n")
+        rundir.write_text(pub_path, line + "\n")
     except OSError as exc:
         return _fail("keypair", LanError(f"cannot write {pub_path}: {exc.strerror or exc}"))
     key_path = Path(args.out) / KEY_FILE

@@ -36,13 +36,14 @@ import numpy as np
 from coordinator_free import roster as roster_mod
 from coordinator_free import rundir, seeds
 from coordinator_free.config import Config
+from coordinator_free.errors import CfreeError
 from coordinator_free.families import family_of, make_plan
 from coordinator_free.families.averaging import protocol as mf
 from coordinator_free.families.learning.protocol import models_path
 
 
-class LaunchError(RuntimeError):
-    pass
+class LaunchError(CfreeError, RuntimeError):
+    """Peers cannot be launched (a run directory in use, a port, a missing roster): exit 2."""
 
 
 @dataclass
