@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from coordinator_free import rundir
+
 METHODS = ("exact", "paper")
 METHOD_LABELS = {"exact": "exact (whole view)", "paper": "paper Eq. (6)"}
 FILES = {
@@ -435,9 +437,9 @@ def render_report(
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir}: not a run directory")
-    audit = load_audit(run_dir / "audit.json")
+    audit = load_audit(rundir.audit_path(run_dir))
     notes: list[str] = []
-    metrics_path = run_dir / "metrics.jsonl"
+    metrics_path = rundir.metrics_path(run_dir)
     metrics = load_metrics(metrics_path, notes) if metrics_path.exists() else None
 
     out = run_dir / "report" if out_dir is None else Path(out_dir)

@@ -248,14 +248,14 @@ def keygen_role(
             f"{config_path} describes {have} nodes but this compose file was written for {n}: "
             "regenerate it with `cfree compose`"
         )
-    roster_path = run_dir / "roster.json"
+    roster_path = rundir.roster_path(run_dir)
     if roster_path.exists():
         raise ComposeError(
             f"the run directory already holds a run ({roster_path} exists): move it away, or "
             "point CFREE_RUN_DIR at a new directory, then `docker compose up` again"
         )
     run_dir.mkdir(parents=True, exist_ok=True)
-    leftovers = [p for p in ("logs", "results", "audit.json") if (run_dir / p).exists()]
+    leftovers = [p for p in (rundir.LOGS, rundir.RESULTS, rundir.AUDIT) if (run_dir / p).exists()]
     if leftovers:
         raise ComposeError(
             f"the run directory {run_dir} holds {', '.join(leftovers)} of an earlier run but no "
@@ -266,7 +266,7 @@ def keygen_role(
     # mount every peer and the host see), then each goes to the volume of its node only.
     keys_root.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(prefix=".keygen-", dir=keys_root))
-    ros = roster_mod.generate_keys(n, staged / "keys", hosts=hosts, name=cfg.run.name)
+    ros = roster_mod.generate_keys(n, rundir.keys_dir(staged), hosts=hosts, name=cfg.run.name)
     try:
         for i in range(n):
             dest_dir = keys_root / str(i)
@@ -277,19 +277,18 @@ def keygen_role(
             for old in dest_dir.glob("node-*.key"):
                 old.unlink()
             shutil.move(
-                str(roster_mod.key_path(staged / "keys", i)), roster_mod.key_path(dest_dir, i)
+                str(rundir.key_path(rundir.keys_dir(staged), i)), roster_mod.key_path(dest_dir, i)
             )
     finally:
         shutil.rmtree(staged, ignore_errors=True)
     # The run directory is self-contained: the files the config uses go in with it, so the
     # host (or anyone the directory is handed to) can audit it with `cfree audit`.
-    portable, files = config_mod.portable_config(cfg, "files")
+    portable, files = config_mod.portable_config(cfg, rundir.FILES)
     for name, src in files.items():
         (run_dir / name).parent.mkdir(exist_ok=True)
         shutil.copyfile(src, run_dir / name)
-    (run_dir / "config.toml").write_text(portable.to_toml())
-    (run_dir / "logs").mkdir(exist_ok=True)
-    (run_dir / "results").mkdir(exist_ok=True)
+    rundir.write_text(rundir.config_path(run_dir), portable.to_toml())
+    rundir.make_dirs(run_dir)
     roster_mod.save_roster(roster_path, ros)
     return ros
 

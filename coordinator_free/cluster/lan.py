@@ -433,9 +433,9 @@ def _peer_argv(node: NodeDeploy, cmd: list[str]) -> list[str]:
         *cmd,
         "peer",
         "--config",
-        str(d / "config.toml"),
+        str(rundir.config_path(d)),
         "--roster",
-        str(d / "roster.json"),
+        str(rundir.roster_path(d)),
         "--key",
         node.key_path,
         "--id",
@@ -644,10 +644,8 @@ def _collect_sh(nodes, ros, user, extra) -> str:
     for n in nodes:
         d = PurePosixPath(n.remote_dir)
         host = shlex.quote(_scp_host(n.host))
-        lines.append(f"fetch {host} {shlex.quote(str(d / 'logs' / f'node-{n.id}.vlog'))} run/logs")
-        lines.append(
-            f"fetch {host} {shlex.quote(str(d / 'results' / f'node-{n.id}.json'))} run/results"
-        )
+        lines.append(f"fetch {host} {shlex.quote(str(rundir.log_path(d, n.id)))} run/logs")
+        lines.append(f"fetch {host} {shlex.quote(str(rundir.result_path(d, n.id)))} run/results")
     lines += [
         'if [ "$failed" = 1 ]; then',
         '    echo "collect.sh: some files are missing; cfree audit reports them as integrity '
@@ -713,8 +711,8 @@ def write_deployment(dep: Deployment, out: str | os.PathLike) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
     try:
-        roster_mod.save_roster(tmp / "roster.json", dep.roster)
-        (tmp / "config.toml").write_text(dep.config_text)
+        roster_mod.save_roster(rundir.roster_path(tmp), dep.roster)
+        rundir.config_path(tmp).write_text(dep.config_text)
         for name, src in dep.extra_files.items():
             shutil.copyfile(src, tmp / name)
         _write_exec(tmp / "collect.sh", dep.collect_sh)
@@ -722,7 +720,7 @@ def write_deployment(dep: Deployment, out: str | os.PathLike) -> None:
         for node in dep.nodes:
             d = tmp / "hosts" / f"node-{node.id}"
             d.mkdir(parents=True)
-            for name in ("roster.json", "config.toml", *dep.extra_files):
+            for name in (rundir.ROSTER, rundir.CONFIG, *dep.extra_files):
                 shutil.copyfile(tmp / name, d / name)
             for name, text in node.files.items():
                 if name.endswith(".sh"):
@@ -733,7 +731,7 @@ def write_deployment(dep: Deployment, out: str | os.PathLike) -> None:
                 roster_mod.save_private_key(d / KEY_FILE, dep.private_keys[node.id])
         # The written config must load as the hosts will load it (paths relative to it).
         try:
-            config_mod.load(tmp / "config.toml")
+            config_mod.load(rundir.config_path(tmp))
         except config_mod.ConfigError as exc:
             raise LanError(f"the config written for the hosts does not load: {exc}") from None
         os.chmod(tmp, 0o755)

@@ -378,7 +378,7 @@ def _stderr_tail(path: Path, lines: int = 5) -> str:
 
 def _node_result(out_dir: Path, v: int) -> dict | None:
     try:
-        return json.loads((out_dir / "results" / f"node-{v}.json").read_text())
+        return json.loads(rundir.result_path(out_dir, v).read_text())
     except (OSError, ValueError):
         return None
 

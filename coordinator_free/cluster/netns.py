@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coordinator_free import roster as roster_mod
+from coordinator_free import rundir
 from coordinator_free.cluster.local import LaunchError, LocalRun, supervise_peers
 from coordinator_free.config import Config
 from coordinator_free.families import family_of
@@ -622,8 +623,8 @@ async def launch_peers_in_lab(
     if not 0 < port < 65536:
         raise LabError(f"port {port} is not in 1..65535")
     hosts = [(lab.ip(i), port) for i in range(n)]
-    ros = roster_mod.generate_keys(n, out_dir / "keys", hosts=hosts, name=cfg.run.name)
-    roster_mod.save_roster(out_dir / "roster.json", ros)
+    ros = roster_mod.generate_keys(n, rundir.keys_dir(out_dir), hosts=hosts, name=cfg.run.name)
+    roster_mod.save_roster(rundir.roster_path(out_dir), ros)
     return await supervise_peers(
         cfg,
         plan,
