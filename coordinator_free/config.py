@@ -16,40 +16,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coordinator_free.checks import (  # noqa: F401  (re-exported: the config's vocabulary)
+    CATEGORY_KINDS,
+    CLIPPINGS,
+    MODEL_KINDS,
+    PARTITIONS,
+    VALUE_KINDS,
+    int_or_auto,
+    positive_int,
+)
+from coordinator_free.errors import ConfigError  # noqa: F401  (re-exported)
+from coordinator_free.families import catalog
 from coordinator_free.graphs import GRAPH_KINDS, WEIGHT_SCHEMES
 from coordinator_free.ml.datasets import (
     DATASET_KINDS,  # numpy only; scikit-learn is imported on use
 )
 
-#: Private averaging (one noisy value per node, then gossip).
-AVERAGING_PROTOCOLS = ("muffliato", "randomized-gossip")
-#: Private learning from per-node data shards (docs/config.md, docs/learning.md).
-LEARNING_PROTOCOLS = ("muffliato-gd", "muffliato-sgd", "dsgd", "central-dp", "decor")
-#: Token forwarding: a token (a running sum, a histogram, a model) walks the graph
-#: (docs/config.md, docs/privacy.md §10).
-WALK_PROTOCOLS = (
-    "ring-sum",
-    "ring-histogram",
-    "complete-sum",
-    "complete-histogram",
-    "complete-sgd",
-    "walk-sgd",
-)
-PROTOCOLS = AVERAGING_PROTOCOLS + LEARNING_PROTOCOLS + WALK_PROTOCOLS
+#: The protocol names by kind (the families' catalogue; the registry is families.family_of).
+AVERAGING_PROTOCOLS = catalog.AVERAGING + catalog.RANDOMIZED
+LEARNING_PROTOCOLS = catalog.LEARNING_ALL
+WALK_PROTOCOLS = catalog.WALK
+PROTOCOLS = catalog.ALL
 DEFAULT_CONFIG = Path(__file__).parent / "examples" / "muffliato-ring.toml"
-#: Per-node private values for averaging.
-VALUE_KINDS = ("uniform", "gaussian", "bernoulli")
-#: Per-node categorical values for the histogram protocols.
-CATEGORY_KINDS = ("categorical",)
 DATA_KINDS = VALUE_KINDS + CATEGORY_KINDS + DATASET_KINDS
-PARTITIONS = ("iid", "dirichlet", "fixed", "ordered")
 #: Graph kinds that graph.resample can draw afresh every round.
 RESAMPLE_KINDS = ("erdos_renyi", "geometric")
-MODEL_KINDS = ("auto", "logistic", "multinomial", "least-squares", "ridge")
-
-
-class ConfigError(ValueError):
-    """A configuration problem; the message names the source and the key."""
 
 
 @dataclass(frozen=True)
@@ -193,17 +184,12 @@ class Config:
     @property
     def learning(self) -> bool:
         """True for the protocols that learn a model from data shards."""
-        return self.protocol.name in LEARNING_PROTOCOLS
+        return self.family.learns(self)
 
     @property
     def walk(self) -> bool:
         """True for the token-forwarding protocols."""
-        return self.protocol.name in WALK_PROTOCOLS
-
-    @property
-    def walk_learning(self) -> bool:
-        """True for the token protocols whose token is a model (complete-sgd, walk-sgd)."""
-        return self.protocol.name in ("complete-sgd", "walk-sgd")
+        return self.family.walks(self)
 
     @property
     def sensitivity(self) -> float:
@@ -212,7 +198,14 @@ class Config:
         gradients differ by at most 2C)."""
         if self.privacy.sensitivity is not None:
             return float(self.privacy.sensitivity)
-        return 2.0 * self.protocol.clip if (self.learning or self.walk_learning) else 1.0
+        return self.family.sensitivity(self)
+
+    @property
+    def family(self):
+        """The protocol's family (coordinator_free.families.family_of)."""
+        from coordinator_free.families import family_of
+
+        return family_of(self.protocol.name)
 
     def graph_n(self) -> int:
         g = self.graph
@@ -409,20 +402,6 @@ def load(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -
     return from_dict(data, source=source)
 
 
-def _positive_int(source: str, key: str, v: Any, minimum: int = 1) -> None:
-    if v is None or v < minimum:
-        raise ConfigError(f"{source}: {key} must be an integer >= {minimum}, got {v!r}")
-
-
-def _int_or_auto(source: str, key: str, v: int | str, maximum: int) -> None:
-    """A count in 1..maximum, or the word "auto"."""
-    if isinstance(v, str):
-        if v != "auto":
-            raise ConfigError(f'{source}: {key} must be a positive integer or "auto", got {v!r}')
-    elif not 1 <= v <= maximum:
-        raise ConfigError(f"{source}: {key} must be in 1..{maximum}, got {v}")
-
-
 MAX_NODES = 1 << 16  # the plan keeps dense n x n matrices
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
@@ -443,10 +422,10 @@ def validate(cfg: Config) -> None:
             f"{s}: graph.kind {g.kind!r} unknown; choose one of {', '.join(GRAPH_KINDS)}"
         )
     if g.kind in ("ring", "path", "complete", "star", "erdos_renyi", "geometric"):
-        _positive_int(s, "graph.nodes", g.nodes, 3 if g.kind == "ring" else 2)
+        positive_int(s, "graph.nodes", g.nodes, 3 if g.kind == "ring" else 2)
     if g.kind in ("grid", "torus"):
-        _positive_int(s, "graph.rows", g.rows)
-        _positive_int(s, "graph.cols", g.cols)
+        positive_int(s, "graph.rows", g.rows)
+        positive_int(s, "graph.cols", g.cols)
         if g.rows * g.cols < 2:
             raise ConfigError(f"{s}: a grid needs rows*cols >= 2")
         if g.kind == "torus" and min(g.rows, g.cols) < 3:
@@ -455,7 +434,7 @@ def validate(cfg: Config) -> None:
                 "with 2 the wrap-around edge repeats an edge of the grid"
             )
     if g.kind == "hypercube":
-        _positive_int(s, "graph.dim", g.dim)
+        positive_int(s, "graph.dim", g.dim)
         if g.dim > 16:
             raise ConfigError(f"{s}: graph.dim {g.dim} is too large (2^dim nodes; at most 16)")
     if g.kind == "erdos_renyi" and (g.p is None or not 0 < g.p <= 1):
@@ -478,36 +457,37 @@ def validate(cfg: Config) -> None:
             f"one of {', '.join(RESAMPLE_KINDS)}, got {g.kind!r}"
         )
     pr = cfg.protocol
-    if pr.name not in PROTOCOLS:
+    if pr.name not in catalog.ALL:
         raise ConfigError(
-            f"{s}: protocol.name {pr.name!r} unknown; choose one of {', '.join(PROTOCOLS)}"
+            f"{s}: protocol.name {pr.name!r} unknown; choose one of {', '.join(catalog.ALL)}"
         )
+    fam = cfg.family
     if pr.weights not in WEIGHT_SCHEMES:
         raise ConfigError(
             f"{s}: protocol.weights {pr.weights!r} unknown; choose one of {', '.join(WEIGHT_SCHEMES)}"
         )
-    _int_or_auto(s, "protocol.steps", pr.steps, 100_000)
+    int_or_auto(s, "protocol.steps", pr.steps, 100_000)
     if not pr.spread >= 0:
         raise ConfigError(f"{s}: protocol.spread must be >= 0")
     if not 0 <= pr.tick <= 3600:
         raise ConfigError(
             f"{s}: protocol.tick must be in [0, 3600] seconds per clock unit, got {pr.tick}"
         )
-    if pr.tick and pr.name != "randomized-gossip":
+    if pr.tick and not fam.clocks:
         raise ConfigError(
             f"{s}: protocol.tick paces the Poisson clocks of randomized-gossip; protocol "
             f"{pr.name!r} has none (remove the key or set it to 0)"
         )
-    if g.resample and pr.name == "central-dp":
+    if g.resample and not fam.has_peers(cfg):
         raise ConfigError(
-            f"{s}: graph.resample redraws the gossip graph every round; central-dp has no gossip"
+            f"{s}: graph.resample redraws the gossip graph every round; {pr.name} has no gossip"
         )
     d = cfg.data
     if d.kind not in DATA_KINDS:
         raise ConfigError(
             f"{s}: data.kind {d.kind!r} unknown; choose one of {', '.join(DATA_KINDS)}"
         )
-    _positive_int(s, "data.dim", d.dim)
+    positive_int(s, "data.dim", d.dim)
     if d.dim > 10_000_000:
         raise ConfigError(f"{s}: data.dim {d.dim} is too large")
     for key in ("low", "high", "mean", "scale"):
@@ -547,213 +527,14 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"{s}: network.host must not be empty")
     if not 0 < pv.eps0 <= 50:
         raise ConfigError(f"{s}: privacy.eps0 must be in (0, 50], got {pv.eps0}")
-    if pr.name != "decor" and (pv.sigma_cor or pv.collusion):
+    if not fam.correlated_noise and (pv.sigma_cor or pv.collusion):
         raise ConfigError(
             f"{s}: privacy.sigma_cor and privacy.collusion belong to protocol decor; protocol "
             f"{pr.name!r} has no correlated noise (remove them or set them to 0)"
         )
-    if pr.clipping != "example" and not cfg.learning:
+    if pr.clipping != "example" and not fam.learns(cfg):
         raise ConfigError(
             f"{s}: protocol.clipping applies to the learning protocols "
             f"({', '.join(LEARNING_PROTOCOLS)}) only"
         )
-    if cfg.learning:
-        _validate_learning(cfg)
-        return
-    if g.resample:
-        raise ConfigError(
-            f"{s}: graph.resample draws a fresh graph every round of a learning protocol "
-            f"({', '.join(LEARNING_PROTOCOLS)}); protocol {pr.name!r} has no rounds"
-        )
-    if cfg.walk:
-        _validate_walk(cfg)
-        return
-    if d.kind not in VALUE_KINDS:
-        raise ConfigError(
-            f"{s}: protocol {pr.name!r} averages one private value per node: data.kind must be "
-            f"one of {', '.join(VALUE_KINDS)}, got {d.kind!r} (datasets are for the learning "
-            f"protocols {', '.join(LEARNING_PROTOCOLS)})"
-        )
-    # One value message carries dim float64 numbers plus a small envelope.
-    need = 8 * d.dim + 4096
-    if need > nw.max_frame_bytes:
-        raise ConfigError(
-            f"{s}: data.dim {d.dim} needs frames of about {need} bytes but "
-            f"network.max_frame_bytes is {nw.max_frame_bytes}; raise it or lower data.dim"
-        )
-
-
-CLIPPINGS = ("example", "batch")
-
-
-def _validate_decor(cfg: Config) -> None:
-    s, pv = cfg.source, cfg.privacy
-    if not 0 <= pv.sigma_cor < 1e150:
-        raise ConfigError(f"{s}: privacy.sigma_cor must be in [0, 1e150), got {pv.sigma_cor}")
-    if cfg.graph.resample:
-        raise ConfigError(
-            f"{s}: decor keeps one pair secret per edge for the whole run: graph.resample is "
-            "not supported (use a fixed graph)"
-        )
-    n = cfg.graph_n() if cfg.graph.kind != "edgelist" else None
-    if isinstance(pv.collusion, bool) or not isinstance(pv.collusion, int) or pv.collusion < 0:
-        raise ConfigError(
-            f"{s}: privacy.collusion must be an integer >= 0 (0: an external eavesdropper, "
-            f"1: curious users), got {pv.collusion!r}"
-        )
-    if n is not None and pv.collusion > n - 2:
-        raise ConfigError(
-            f"{s}: privacy.collusion {pv.collusion} leaves fewer than 2 honest nodes of {n}"
-        )
-
-
-def _validate_learning(cfg: Config) -> None:
-    """Keys of the learning protocols (checked only when one of them is selected)."""
-    s, pr, d, m = cfg.source, cfg.protocol, cfg.data, cfg.model
-    if d.kind not in DATASET_KINDS:
-        raise ConfigError(
-            f"{s}: protocol {pr.name!r} learns from a dataset: data.kind must be one of "
-            f"{', '.join(DATASET_KINDS)}, got {d.kind!r}"
-        )
-    if not 1 <= pr.rounds <= 100_000:
-        raise ConfigError(f"{s}: protocol.rounds must be in 1..100000, got {pr.rounds}")
-    _int_or_auto(s, "protocol.gossip_steps", pr.gossip_steps, 10_000)
-    if not 0 < pr.step_size <= 1e6:
-        raise ConfigError(f"{s}: protocol.step_size must be in (0, 1e6], got {pr.step_size}")
-    if not 0 <= pr.batch_size <= 10_000_000:
-        raise ConfigError(f"{s}: protocol.batch_size must be >= 0 (0: the whole local shard)")
-    if pr.name == "muffliato-sgd" and pr.batch_size < 1:
-        raise ConfigError(
-            f"{s}: muffliato-sgd samples a minibatch every round: set protocol.batch_size >= 1 "
-            "(or use muffliato-gd for full local gradients)"
-        )
-    if pr.name == "muffliato-gd" and pr.batch_size:
-        raise ConfigError(
-            f"{s}: muffliato-gd uses each node's whole shard every round; for minibatches of "
-            f"protocol.batch_size = {pr.batch_size} use muffliato-sgd (or leave batch_size at 0)"
-        )
-    if not 0 < pr.clip < 1e150:
-        raise ConfigError(f"{s}: protocol.clip must be > 0 (the per-example L2 clipping norm C)")
-    if pr.clipping not in CLIPPINGS:
-        raise ConfigError(
-            f"{s}: protocol.clipping {pr.clipping!r} unknown; choose one of {', '.join(CLIPPINGS)} "
-            "(clip every example's gradient, or the batch's mean gradient)"
-        )
-    if d.kind == "quadratic" and d.partition != "ordered":
-        raise ConfigError(
-            f'{s}: data.kind = "quadratic" gives node v its own quadratic (rows v*dim..): set '
-            f'data.partition = "ordered" (got {d.partition!r})'
-        )
-    if pr.name == "decor":
-        _validate_decor(cfg)
-    if d.kind in ("csv", "libsvm"):
-        if not d.path:
-            raise ConfigError(f'{s}: data.path is required for data.kind = "{d.kind}"')
-        if not Path(d.path).is_file():
-            raise ConfigError(f"{s}: data.path {d.path} is not a file")
-    if not 2 <= d.samples <= 10_000_000:
-        raise ConfigError(f"{s}: data.samples must be in 2..10000000, got {d.samples}")
-    if not 1 <= d.features <= 100_000:
-        raise ConfigError(f"{s}: data.features must be in 1..100000, got {d.features}")
-    if not 0 <= d.label_noise <= 1e6:
-        raise ConfigError(f"{s}: data.label_noise must be >= 0, got {d.label_noise}")
-    if not 0 < d.test_fraction < 1:
-        raise ConfigError(f"{s}: data.test_fraction must be in (0, 1), got {d.test_fraction}")
-    if d.task not in ("classification", "regression"):
-        raise ConfigError(
-            f'{s}: data.task must be "classification" or "regression", got {d.task!r}'
-        )
-    if d.partition not in PARTITIONS:
-        raise ConfigError(
-            f"{s}: data.partition {d.partition!r} unknown; choose one of {', '.join(PARTITIONS)}"
-        )
-    if not 0 < d.beta < 1e6:
-        raise ConfigError(f"{s}: data.beta (Dirichlet concentration) must be > 0, got {d.beta}")
-    if d.partition == "fixed":
-        if d.per_node is None or d.per_node < 1:
-            raise ConfigError(
-                f'{s}: data.partition = "fixed" needs data.per_node >= 1 (points per node)'
-            )
-    if m.kind not in MODEL_KINDS:
-        raise ConfigError(
-            f"{s}: model.kind {m.kind!r} unknown; choose one of {', '.join(MODEL_KINDS)}"
-        )
-    if not 0 <= m.l2 < 1e6:
-        raise ConfigError(f"{s}: model.l2 must be >= 0, got {m.l2}")
-    if m.kind == "ridge" and m.l2 <= 0:
-        raise ConfigError(f'{s}: model.kind = "ridge" needs model.l2 > 0')
-
-
-#: The graph each token protocol runs on (walk-sgd: any connected graph).
-WALK_GRAPH = {
-    "ring-sum": "ring",
-    "ring-histogram": "ring",
-    "complete-sum": "complete",
-    "complete-histogram": "complete",
-    "complete-sgd": "complete",
-}
-
-
-def _validate_walk(cfg: Config) -> None:
-    """Keys of the token-forwarding protocols (checked only when one of them is selected)."""
-    s, pr, d, g = cfg.source, cfg.protocol, cfg.data, cfg.graph
-    need_graph = WALK_GRAPH.get(pr.name)
-    if need_graph and g.kind != need_graph:
-        raise ConfigError(
-            f'{s}: protocol {pr.name!r} runs on graph.kind = "{need_graph}", got {g.kind!r} '
-            "(random-walk DP-SGD on any graph is walk-sgd)"
-        )
-    if not 1 <= pr.cycles <= 10_000:
-        raise ConfigError(f"{s}: protocol.cycles must be in 1..10000, got {pr.cycles}")
-    _int_or_auto(s, "protocol.hops", pr.hops, 1_000_000)
-    if pr.name.startswith("ring-") and pr.hops != "auto":
-        raise ConfigError(
-            f"{s}: a ring token makes protocol.cycles turns of n hops; protocol.hops is for the "
-            "complete-graph and walk-sgd protocols (remove it)"
-        )
-    if not 1 <= pr.tokens <= 64:
-        raise ConfigError(f"{s}: protocol.tokens must be in 1..64, got {pr.tokens}")
-    if not 0 <= pr.cap <= 1_000_000:
-        raise ConfigError(f"{s}: protocol.cap must be in 0..1000000 (0: no cap), got {pr.cap}")
-    if pr.name == "walk-sgd" and pr.cap < 1:
-        raise ConfigError(
-            f"{s}: walk-sgd needs protocol.cap >= 1: Theorem 3 of the random-walk paper bounds "
-            "the loss per contribution, so each node's number of contributions must be bounded "
-            "(the papers' experiments use about 1.25 x hops / n)"
-        )
-    if pr.name.startswith("ring-") and pr.cap:
-        raise ConfigError(
-            f"{s}: on the ring every node contributes exactly once per cycle; protocol.cap is for "
-            "the complete-graph and walk-sgd protocols"
-        )
-    if pr.distributed_noise and pr.name != "ring-sum":
-        raise ConfigError(
-            f"{s}: protocol.distributed_noise is ring-sum's Remark 1 variant; protocol "
-            f"{pr.name!r} has no such option"
-        )
-    if g.resample:
-        raise ConfigError(f"{s}: graph.resample is for the learning protocols, not {pr.name!r}")
-    if pr.name.endswith("-sum"):
-        if d.kind not in VALUE_KINDS:
-            raise ConfigError(
-                f"{s}: protocol {pr.name!r} sums private values: data.kind must be one of "
-                f"{', '.join(VALUE_KINDS)}, got {d.kind!r}"
-            )
-        need = 8 * d.dim + 4096
-    elif pr.name.endswith("-histogram"):
-        if d.kind != "categorical":
-            raise ConfigError(
-                f'{s}: protocol {pr.name!r} counts categories: data.kind must be "categorical", '
-                f"got {d.kind!r}"
-            )
-        if not 2 <= d.levels <= 1_000_000:
-            raise ConfigError(f"{s}: data.levels must be in 2..1000000, got {d.levels}")
-        need = 8 * d.levels + 4096
-    else:
-        _validate_learning(cfg)
-        return
-    if need > cfg.network.max_frame_bytes:
-        raise ConfigError(
-            f"{s}: a token needs frames of about {need} bytes but network.max_frame_bytes is "
-            f"{cfg.network.max_frame_bytes}; raise it"
-        )
+    fam.validate(cfg, s)

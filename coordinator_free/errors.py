@@ -1,29 +1,36 @@
-"""One root for the errors ``cfree`` reports to its user, and the exit code each stands for.
+"""One root for the errors a user can cause or meet, each carrying the exit code it ends in.
 
-Every error a command can end with derives from :class:`CfreeError` and says, by its class,
-which exit code the command returns: 2 for bad input (a config, roster, key file, graph, run
-directory or command-line argument that cannot be used), 1 for a run or an audit that went
-wrong. ``cfree``'s ``main`` prints the message and returns ``exit_code``; nothing else maps
-exceptions to codes. The classes of each layer keep their other bases (``ValueError``,
-``OSError``...) so existing ``except`` clauses still catch them.
+Every error the CLI reports as a clean message (no traceback) derives from :class:`CfreeError`;
+``cfree`` prints ``cfree COMMAND: error: MESSAGE`` and exits with the error's ``exit_code``.
+Bad input (configs, rosters, keys, logs, arguments) is 2; a run, a lab or a peer that failed is
+1. Each module keeps its own subclass (``ConfigError``, ``RosterError``, ``AuditError``, ...)
+so callers can catch what they handle; the classes keep their historical second base
+(``ValueError``, ``RuntimeError``) so existing ``except`` clauses still match.
 
-A leaf module: it imports nothing from the package.
+A leaf module: it imports nothing from the package, so anything may import it.
 """
 
 from __future__ import annotations
 
-#: Bad input: the command cannot start with what it was given.
-EXIT_BAD_INPUT = 2
-#: The run or the audit failed (a peer failed, a strict audit found a problem).
-EXIT_FAILED = 1
-#: Interrupted by Ctrl-C or SIGTERM (128 + SIGINT).
+#: Exit codes of ``cfree``.
+EXIT_OK = 0
+EXIT_FAILED = 1  # a run, audit or peer that did not complete
+EXIT_BAD_INPUT = 2  # a config, roster, key, log or argument that is wrong
 EXIT_INTERRUPTED = 130
 
 
 class CfreeError(Exception):
-    """The root of every error ``cfree`` reports; ``exit_code`` is what the command returns."""
+    """The root of the package's user-facing errors."""
 
     exit_code: int = EXIT_BAD_INPUT
+
+
+class ConfigError(CfreeError, ValueError):
+    """A configuration problem; the message names the source and the key."""
+
+
+class AuditError(CfreeError, RuntimeError):
+    """A run directory, log or request the auditor cannot work with."""
 
 
 class InputError(CfreeError):

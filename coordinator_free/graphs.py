@@ -13,6 +13,8 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 
+from coordinator_free.errors import CfreeError
+
 GRAPH_KINDS = (
     "ring",
     "path",
@@ -28,7 +30,7 @@ GRAPH_KINDS = (
 WEIGHT_SCHEMES = ("metropolis", "max-degree")
 
 
-class GraphError(ValueError):
+class GraphError(CfreeError, ValueError):
     pass
 
 

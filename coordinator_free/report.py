@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from coordinator_free import rundir
+from coordinator_free.errors import CfreeError
 
 METHODS = ("exact", "paper")
 METHOD_LABELS = {"exact": "exact (whole view)", "paper": "paper Eq. (6)"}
@@ -40,7 +41,7 @@ CELL_TEXT_MAX_N = 16
 DPI = 120
 
 
-class ReportError(ValueError):
+class ReportError(CfreeError, ValueError):
     """A run directory's input files are missing or unreadable (the message names the file)."""
 
 

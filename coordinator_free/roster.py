@@ -50,7 +50,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from coordinator_free import rundir
-from coordinator_free.errors import InputError
+from coordinator_free.errors import CfreeError
 
 FORMAT = "cfree-roster"
 VERSION = 1
@@ -63,7 +63,7 @@ _HEX = re.compile(r"[0-9a-fA-F]*")
 _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
 
 
-class RosterError(InputError, ValueError):
+class RosterError(CfreeError, ValueError):
     """A roster or key file is missing, malformed, or does not match."""
 
 

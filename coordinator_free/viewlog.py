@@ -36,6 +36,7 @@ frame is intact, so the records after it are still trustworthy.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 import threading
@@ -47,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator_free.codec import CodecError, pack, unpack
+from coordinator_free.errors import CfreeError
 
 try:  # POSIX advisory locks keep two processes from writing one log.
     import fcntl
@@ -80,7 +82,7 @@ RESERVED_FIELDS = frozenset({"k", "seq", "t_mono", "t_wall"})
 RESERVED_KINDS = frozenset({"header", "resume"})
 
 
-class ViewLogError(ValueError):
+class ViewLogError(CfreeError, ValueError):
     """A view log cannot be opened for writing as asked (wrong file, locked, damaged)."""
 
 
@@ -612,3 +614,13 @@ class ViewLogWriter:
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"next seq {self._seq}"
         return f"<ViewLogWriter {self.path} run {self.run_id} node {self.node} {state}>"
+
+
+def value_digest(value) -> str:
+    """The digest a view log records for a vector (send/recv records): the first 128 bits of
+    SHA-256 over its float64 bytes, in hex. The sender and the receiver of a value compute it
+    alike, so the auditor can match what was sent with what was received."""
+    import numpy as np
+
+    arr = np.ascontiguousarray(np.asarray(value, dtype=np.float64))
+    return hashlib.sha256(arr.tobytes()).hexdigest()[:32]

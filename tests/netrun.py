@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from coordinator_free.accounting import audit
+from coordinator_free.families.averaging import accountant as gossip
 
 
 def cfree_run_json(config: Path, overrides: list[str], out: Path, timeout: float = 240) -> dict:
@@ -31,7 +32,7 @@ def cfree_run_json(config: Path, overrides: list[str], out: Path, timeout: float
 def assert_audit_equals_plan(rep: dict, plan, tol: float) -> dict[str, np.ndarray]:
     """Every (observer, source, method) factor of an audit report equals ``cfree plan``'s, to
     ``tol`` (relative and absolute), and every ordered pair is there; returns the plan's factors."""
-    F = {m: audit.plan_factors(plan, m) for m in audit.METHODS}
+    F = {m: gossip.plan_factors(plan, m) for m in audit.METHODS}
     checked = 0
     for o in rep["observers"]:
         v = o["observer"]

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from coordinator_free import config
-from coordinator_free.accounting import audit
 from coordinator_free.cluster import compose
+from coordinator_free.families import make_plan
 from coordinator_free.viewlog import read_viewlog
 from tests.netrun import assert_audit_equals_plan
 
@@ -130,7 +130,7 @@ def test_keygen_makes_the_run_directory_self_contained(tmp_path):
     edges.unlink()  # the host's original is gone: the run directory still reads on its own
     moved = tmp_path / "elsewhere"
     run.rename(moved)
-    assert audit.make_plan(config.load(moved / "config.toml")).n == 4
+    assert make_plan(config.load(moved / "config.toml")).n == 4
 
 
 def test_compose_run_dir_is_always_a_host_path(tmp_path):
@@ -371,7 +371,7 @@ def test_eight_peer_cluster_audit_equals_plan(how, peer_image, clusters, tmp_pat
     assert [(e["host"], e["port"]) for e in ros["nodes"]] == [(f"peer-{i}", 7000) for i in range(8)]
     rep = json.loads((run_dir / "audit.json").read_text())
     assert rep["fault_free"] is True and rep["integrity"] == []
-    assert_audit_equals_plan(rep, audit.make_plan(cfg), 1e-9)
+    assert_audit_equals_plan(rep, make_plan(cfg), 1e-9)
     for i in range(8):
         vl = read_viewlog(run_dir / "logs" / f"node-{i}.vlog")
         assert vl.intact and vl.records[-1]["k"] == "finished"

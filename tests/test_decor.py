@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from coordinator_free.cluster import local
 from coordinator_free.config import ConfigError
 from coordinator_free.families.decor import keys as decor
 from coordinator_free.families.learning import protocol as lp
-from coordinator_free.viewlog import read_viewlog
+from coordinator_free.viewlog import ViewLogWriter, read_viewlog
 from tests.netrun import cfree_run_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,6 +175,55 @@ def test_networked_decor_run_cancels_its_correlated_noise_every_round(tmp_path):
 
 
 # ------------------------------------------------------------------------------- 3. a dropout
+
+
+def _damaged_copy(src, dst, node: int, transform) -> None:
+    """A copy of run directory ``src`` in which node's view log is rewritten record by record
+    through ``transform(record) -> record | None`` (None drops it), with valid framing."""
+    shutil.copytree(src, dst)
+    path = dst / "logs" / f"node-{node}.vlog"
+    vl = read_viewlog(path)
+    path.unlink()
+    w = ViewLogWriter(
+        path, run_id=vl.header["run_id"], node=node, params=vl.header["params"], mode=0o600
+    )
+    for rec in vl.records:
+        rec = transform(dict(rec))
+        if rec is not None:
+            fields = {k: v for k, v in rec.items() if k not in ("k", "seq", "t_mono", "t_wall")}
+            w.write(rec["k"], **fields)
+    w.close()
+
+
+def test_decor_audit_applies_the_integrity_checks_of_every_family(tmp_path):
+    """A DECOR run's logs get the same checks as every family's: a log that ends before the
+    node finished, and a received value its sender logged differently, are findings, and the
+    run is no longer fault-free."""
+    out = tmp_path / "run"
+    cfree_run_json(RING, [*SMALL, "protocol.rounds=3"], out)
+    clean = audit.audit_run(out)
+    assert clean["fault_free"] and clean["integrity"] == []
+
+    cut = tmp_path / "unfinished"
+    _damaged_copy(out, cut, 2, lambda r: None if r["k"] == "finished" else r)
+    rep = audit.audit_run(cut)
+    assert not rep["fault_free"] and not rep["complete"]
+    assert {(x["node"], x["kind"]) for x in rep["integrity"]} == {(2, "unfinished")}
+
+    edited = tmp_path / "edited"
+    first = []
+
+    def edit(r):
+        if r["k"] == "recv" and not first:
+            first.append(r)
+            r["digest"] = "0" * 32
+        return r
+
+    _damaged_copy(out, edited, 1, edit)
+    rep = audit.audit_run(edited)
+    assert not rep["fault_free"]
+    kinds = [(x["node"], x["kind"]) for x in rep["integrity"]]
+    assert kinds == [(1, "digest-mismatch")], rep["integrity"]
 
 
 def test_killed_peer_drops_its_pairs_and_the_audit_counts_the_realised_pairs(tmp_path):

@@ -27,6 +27,7 @@ from coordinator_free import cli, config, seeds, sim
 from coordinator_free.accounting import audit
 from coordinator_free.cluster import local
 from coordinator_free.families import make_plan
+from coordinator_free.families.averaging import accountant as gossip
 from coordinator_free.families.learning import protocol as lp
 from coordinator_free.viewlog import read_viewlog
 
@@ -259,7 +260,7 @@ def test_audit_of_fault_free_learning_run_equals_plan(learning_runs, protocol):
     units = audit.units_of(plan)
     assert rep["ldp"]["factor"] == R
     assert rep["steps"] == plan.steps
-    F = {m: audit.plan_factors(plan, m) for m in audit.METHODS}
+    F = {m: gossip.plan_factors(plan, m) for m in audit.METHODS}
     assert [o["observer"] for o in rep["observers"]] == list(range(N))
     count = 0
     for o in rep["observers"]:
@@ -396,7 +397,7 @@ def test_central_dp_runs_without_peers_and_every_pair_loses_r_fold(central_run):
         assert x["factor"] == R
         assert x["eps"] == pytest.approx(rep["ldp"]["eps"], rel=1e-12)
     for m in audit.METHODS:
-        assert np.all(audit.plan_factors(plan, m) == R)
+        assert np.all(gossip.plan_factors(plan, m) == R)
 
 
 # ---------------------------------------------------------------------------- 5. calibration
@@ -549,7 +550,7 @@ def test_killed_peer_in_learning_run_is_recorded_and_audited(tmp_path):
     by_obs = {o["observer"]: o["losses"] for o in rep["observers"]}
     assert set(survivors) <= set(by_obs)
     ldp = rep["ldp"]["rdp"]
-    F = audit.plan_factors(plan, "exact")
+    F = gossip.plan_factors(plan, "exact")
     for v in survivors:
         losses = by_obs[v]
         assert {(x["source"], x["method"]) for x in losses} == {

@@ -23,6 +23,7 @@ from coordinator_free import config, graphs, seeds, sim
 from coordinator_free.accounting import audit
 from coordinator_free.cluster import local
 from coordinator_free.families import make_plan
+from coordinator_free.families.averaging import accountant as gossip
 from coordinator_free.families.randomized import protocol as rg
 from coordinator_free.privacy import muffliato as acct
 from coordinator_free.privacy import pairwise as pw
@@ -176,7 +177,7 @@ def test_exact_and_corollary_2_against_brute_force(kind, seed):
     cfg = rg_config(graph={"kind": kind, "nodes": 5}, protocol={"steps": 9}, run={"seed": seed})
     plan = make_plan(cfg)
     steps = schedule_steps(plan)
-    F = {m: audit.plan_factors(plan, m) for m in audit.METHODS}
+    F = {m: gossip.plan_factors(plan, m) for m in audit.METHODS}
     for v in range(plan.n):
         rec = rg.fault_free_received(plan, v)
         assert F["exact"][v] == pytest.approx(_brute_force(steps, v, rec, plan.n), abs=1e-9)
@@ -324,7 +325,7 @@ def test_killed_peer_realised_sequence_reproduces_survivors(tmp_path):
     rep = audit.audit_run(out)
     assert rep["fault_free"] is False
     assert any(i["node"] == victim and i["kind"] == "unfinished" for i in rep["integrity"])
-    rp = audit.replay(out, plan)
+    rp = gossip.replay(out, plan)
 
     def used(t, v):
         return bool(rp.steps[t][0][v, plan.edges[t].partner(v)] != 0.0)
@@ -407,38 +408,41 @@ def test_above_the_exact_limit_the_plan_reports_the_structural_bound():
     cfg = rg_config(graph={"nodes": 70}, protocol={"steps": 300})
     plan = make_plan(cfg)
     assert plan.n > acct.RATIONAL_MAX_NODES
-    F = audit.plan_factors(plan, "exact", observers=[0, 35])
-    P = audit.plan_factors(plan, "paper", observers=[0, 35])
+    F = gossip.plan_factors(plan, "exact", observers=[0, 35])
+    P = gossip.plan_factors(plan, "paper", observers=[0, 35])
     assert set(np.unique(F)) <= {0.0, 1.0}
     off = np.ones_like(F, dtype=bool)
     off[0, 0] = off[1, 35] = False
     # 0 exactly for the sources whose input never reached the observer (Cor. 2 is 0 there too).
     assert np.array_equal(F[off] == 0.0, P[off] == 0.0)
     assert (F[off] == 0.0).sum() > 50  # 300 exchanges on a 70-ring: most inputs never travel far
-    assert "structural upper bound" in audit.accounting_note(plan)
+    assert "structural upper bound" in gossip.accounting_note(plan)
 
 
 def test_step_engine_rejects_a_neighbour_that_is_not_this_steps_partner():
+    from coordinator_free.engine.step import StepEngine
     from coordinator_free.net.wire import Message
-    from coordinator_free.peer.runner import _StepEngine
 
-    class Log:
-        def __init__(self):
-            self.records = []
-
-        def write(self, record_kind, **fields):
-            self.records.append((record_kind, fields))
-
-    log = Log()
-    engine = _StepEngine(
-        None, log, [1, 2], 4, 1.0, False, partners_at=lambda t: [1] if t % 2 == 0 else [2]
+    engine = StepEngine(
+        node=0,
+        neighbours=[1, 2],
+        steps=4,
+        deadline=1.0,
+        log_values=False,
+        dim=3,
+        program=None,
+        partners_at=lambda t: [1] if t % 2 == 0 else [2],
     )
+
+    def records():
+        return [(a.kind, a.fields) for a in engine.out.actions]
+
     got: dict = {}
     value = np.zeros(3)
-    engine._inbound(0, 2, Message(kind="value", round=0, step=0, payload=value), (3,), got)
-    engine._inbound(0, 2, Message(kind="value", round=0, step=2, payload=value), (3,), got)
+    engine._inbound(0, 2, Message(kind="value", round=0, step=0, payload=value), got)
+    engine._inbound(0, 2, Message(kind="value", round=0, step=2, payload=value), got)
     assert got == {} and engine.buffered == {}
-    assert [f["kind"] for k, f in log.records if k == "bad-message"] == ["not-a-partner"] * 2
-    engine._inbound(0, 1, Message(kind="value", round=0, step=0, payload=value), (3,), got)
-    engine._inbound(0, 2, Message(kind="value", round=0, step=1, payload=value), (3,), got)
+    assert [f["kind"] for k, f in records() if k == "bad-message"] == ["not-a-partner"] * 2
+    engine._inbound(0, 1, Message(kind="value", round=0, step=0, payload=value), got)
+    engine._inbound(0, 2, Message(kind="value", round=0, step=1, payload=value), got)
     assert list(got) == [1] and list(engine.buffered) == [(1, 2)]

@@ -12,6 +12,7 @@ import pytest
 from coordinator_free import config, seeds, sim
 from coordinator_free.accounting import audit
 from coordinator_free.cluster import local
+from coordinator_free.families.averaging import accountant as gossip
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -32,7 +33,7 @@ def test_hypercube_32_peers_networked_equals_simulator_and_audit_equals_plan(tmp
     rep = audit.audit_run(out)  # n = 32: the realised schedule in exact rational arithmetic
     assert rep["fault_free"] and rep["integrity"] == []
     for m in audit.METHODS:
-        F = audit.plan_factors(ref.plan, m)
+        F = gossip.plan_factors(ref.plan, m)
         for o in rep["observers"]:
             v = o["observer"]
             for x in o["losses"]:

@@ -18,9 +18,9 @@ import pytest
 from netrun import assert_audit_equals_plan, cfree_run_json
 
 from coordinator_free import config, graphs, seeds, sim
-from coordinator_free.accounting import audit
 from coordinator_free.cluster import local
 from coordinator_free.families import make_plan
+from coordinator_free.families.averaging import accountant as gossip
 from coordinator_free.families.learning import protocol as lp
 from coordinator_free.privacy import muffliato as acct
 from coordinator_free.privacy import multiround
@@ -73,7 +73,7 @@ def test_round_graphs_are_public_fresh_and_connected():
 def test_eq13_uses_each_rounds_own_matrix():
     cfg = tv_config()
     plan = make_plan(cfg)
-    F = audit.plan_factors(plan, "paper")
+    F = gossip.plan_factors(plan, "paper")
     K = plan.gossip_steps
     want = np.zeros((N, N))
     for r in range(plan.rounds):
@@ -114,7 +114,7 @@ def test_joint_accountant_with_round_graphs_rational_equals_kalman():
         assert a.method == "rational" and b.method == "hybrid"
         assert np.max(np.abs(a.q - b.q)) < 1e-9
         assert np.all(a.upper <= plan.rounds + 1e-9)
-        assert np.array_equal(audit.plan_factors(plan, "exact", observers=[v])[0], a.upper)
+        assert np.array_equal(gossip.plan_factors(plan, "exact", observers=[v])[0], a.upper)
 
 
 def test_resample_config_errors():
@@ -176,7 +176,7 @@ def test_theorem_9_reference_is_reported_with_its_caveat(capsys):
     from coordinator_free import cli
 
     plan = make_plan(tv_config("graph.nodes=12", "graph.p=0.3", "protocol.gossip_steps=1"))
-    F = audit.private_graph_factors(plan)
+    F = gossip.private_graph_factors(plan)
     n, K = plan.n, plan.gossip_steps
     for v in range(n):
         for u in range(n):

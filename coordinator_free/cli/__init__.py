@@ -22,7 +22,7 @@ from coordinator_free.cli import plan as plan_cmd
 from coordinator_free.cli import run as run_cmd
 from coordinator_free.cli import simulate as simulate_cmd
 from coordinator_free.cli.common import CliError, _emit, _fmt, _table, add_config_args
-from coordinator_free.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, exit_code_of
+from coordinator_free.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, CfreeError
 
 __all__ = ["CliError", "build_parser", "main", "_emit", "_fmt", "_table", "add_config_args"]
 
@@ -90,30 +90,6 @@ COMMANDS = {
 }
 
 
-def _input_errors() -> tuple[type[BaseException], ...]:
-    """The package's errors that mean bad input (exit 2) but may not yet derive from
-    :class:`~coordinator_free.errors.CfreeError` (those carry their own exit code)."""
-    from coordinator_free import config as config_mod
-    from coordinator_free.accounting.audit import AuditError
-    from coordinator_free.cluster.local import LaunchError
-    from coordinator_free.graphs import GraphError
-    from coordinator_free.roster import RosterError
-    from coordinator_free.viewlog import ViewLogError
-
-    return (config_mod.ConfigError, AuditError, LaunchError, GraphError, RosterError, ViewLogError)
-
-
-def exit_code(exc: BaseException) -> int | None:
-    """The exit code ``cfree`` ends with for ``exc``; None if it is not an error of the package
-    (a bug, which then propagates with its traceback)."""
-    code = exit_code_of(exc)
-    if code is not None:
-        return code
-    if isinstance(exc, _input_errors()):
-        return EXIT_BAD_INPUT
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -122,12 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     try:
         return COMMANDS[args.command](args)
+    except CfreeError as exc:  # every user-facing error: a message, never a traceback
+        print(f"cfree {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         print(f"cfree {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except Exception as exc:
-        code = exit_code(exc)
-        if code is None:
-            raise
-        print(f"cfree {args.command}: error: {exc}", file=sys.stderr)
-        return code

@@ -7,9 +7,9 @@ import asyncio
 import json
 import signal
 
+from coordinator_free.accounting.render import fmt as _fmt
+from coordinator_free.accounting.render import table as _table
 from coordinator_free.errors import UsageError
-from coordinator_free.textfmt import fmt as _fmt
-from coordinator_free.textfmt import table as _table
 
 __all__ = ["CliError", "_cancel_on_sigterm", "_emit", "_fmt", "_table", "add_config_args"]
 

@@ -375,7 +375,7 @@ def _run(args) -> int:
             )
             if already_cut:
                 print(f"note: the link of node(s) {already_cut} is cut", file=sys.stderr)
-            print(family.run_banner(cfg, plan), file=sys.stderr)
+            print(family.banner(cfg, plan), file=sys.stderr)
         run = asyncio.run(
             _cancel_on_sigterm(
                 netns.launch_peers_in_lab(

@@ -33,8 +33,8 @@ def add_parser(sub) -> None:
     p.add_argument("--no-audit", action="store_true", help="skip the audit at the end")
 
 
-def run_banner(cfg, plan) -> str:
-    return family_of(cfg.protocol.name).run_banner(cfg, plan)
+def banner(cfg, plan) -> str:
+    return family_of(cfg.protocol.name).banner(cfg, plan)
 
 
 def print_run_summary(cfg, summary: dict, audit: dict | None) -> None:
@@ -74,7 +74,7 @@ def cmd_run(args) -> int:
     local.prepare_run_dir(cfg, out)
     if not args.quiet:
         print(f"run directory: {out}", file=sys.stderr)
-        print(family.run_banner(cfg, plan), file=sys.stderr)
+        print(family.banner(cfg, plan), file=sys.stderr)
     if not family.has_peers(cfg):
         return _run_central(args, cfg, out)
     run = asyncio.run(

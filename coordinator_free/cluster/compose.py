@@ -31,7 +31,7 @@ from pathlib import Path
 from coordinator_free import config as config_mod
 from coordinator_free import roster as roster_mod
 from coordinator_free import rundir
-from coordinator_free.errors import CfreeError, InputError, exit_code_of
+from coordinator_free.errors import CfreeError, exit_code_of
 
 IMAGE = "coordinator-free-peer:latest"
 PORT = 7000
@@ -45,7 +45,7 @@ KEY_MOUNT = "/cfree/key"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
-class ComposeError(InputError, ValueError):
+class ComposeError(CfreeError, ValueError):
     """A compose file cannot be written, or a role cannot run; the message says why."""
 
 

@@ -45,7 +45,7 @@ from pathlib import Path, PurePosixPath
 
 from coordinator_free import rundir
 from coordinator_free.config import portable_config
-from coordinator_free.errors import CfreeError, InputError, exit_code_of
+from coordinator_free.errors import CfreeError, exit_code_of
 
 DEFAULT_PORT = 7000
 DEFAULT_REMOTE_DIR = "/opt/cfree/run"
@@ -61,7 +61,7 @@ _PORT = re.compile(r"[0-9]{1,5}")
 _HOST_CHARS = re.compile(r"[A-Za-z0-9_.:%-]+")
 
 
-class LanError(InputError, ValueError):
+class LanError(CfreeError, ValueError):
     """A hosts file, an option or an output directory cannot be used; the message says where."""
 
 

@@ -471,9 +471,10 @@ def collect_walk_results(cfg: Config, out_dir: Path) -> dict:
 
 def collect_results(cfg: Config, out_dir: Path) -> dict:
     """Per-node estimate errors against the true mean, traffic, and rate."""
-    if cfg.learning:
+    fam = family_of(cfg.protocol.name)
+    if fam.learns(cfg):
         return collect_learning_results(cfg, out_dir)
-    if cfg.walk:
+    if fam.walks(cfg):
         return collect_walk_results(cfg, out_dir)
     plan = make_plan(cfg)
     streams = seeds.streams_of_run(out_dir, plan.n)

@@ -1,4 +1,7 @@
-"""The token driver of a peer: tokens handed from holder to holder over the encrypted channels.
+"""The token engine of a node: tokens handed from holder to holder (sans-IO: the peer shell or
+the in-memory network feeds it events and the time, and performs the sends and log records it
+returns). While a token stays with the node it follows the walk's hop loop
+(:func:`coordinator_free.families.walk.protocol.hops`, the simulator's loop too).
 
 Hand-off of token j at step s from holder a to b (each message names (j, s)):
 
@@ -25,14 +28,20 @@ loss and end. Never its data, its noise or its hop draws.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from coordinator_free.engine.events import (
+    Action,
+    Finish,
+    Inbound,
+    NetEvent,
+    Outbox,
+    PeerDown,
+    PeerUp,
+)
 from coordinator_free.families.walk import protocol as wk
-from coordinator_free.net.transport import Inbound, PeerDown, PeerUp
 from coordinator_free.net.wire import Message
 
 
@@ -61,13 +70,22 @@ class WalkOutcome:
     reroutes: list[dict] = field(default_factory=list)
 
 
+def run_bound(plan, deadline: float) -> float:
+    """A bound on the whole walk, never reached in a live run: every hop of every token may use
+    its deadline a few times over."""
+    return (plan.hops * plan.tokens + 2) * deadline * 4 + 60.0
+
+
 class TokenEngine:
-    def __init__(self, plan, cfg, net, vlog, node, streams, deadline, log_values, progress):
-        self.plan, self.cfg, self.net, self.vlog = plan, cfg, net, vlog
+    """One node of a token protocol (sans-IO: events and time in, actions out)."""
+
+    def __init__(self, plan, cfg, node, streams, deadline, log_values):
+        self.plan, self.cfg = plan, cfg
         self.node, self.streams, self.deadline = node, streams, deadline
-        self.log_values, self.progress = log_values, progress
+        self.log_values = log_values
+        self.out = Outbox(node)
         self.neighbours = plan.neighbours(node)
-        self.counts: dict[int, int] = {}  # token -> this node's contributions so far
+        self.counts: dict[int, dict[int, int]] = {}  # token -> {this node: contributions}
         self.ended: dict[int, dict] = {}
         self.finals: dict[int, list[float]] = {}
         self.offers: dict[int, _Offer] = {}
@@ -80,6 +98,65 @@ class TokenEngine:
         self.steps_made = 0
         self.reroutes: list[dict] = []
         self.top_step = 0
+        self.bound_s = run_bound(plan, deadline)
+        self.finished = False
+        self._now = 0.0
+        self._t0 = 0.0
+        self._end_at = 0.0
+        self._bye: tuple[set[int], float] | None = None  # (pending, until) once saying goodbye
+
+    # ------------------------------------------------------------------------------ driver
+
+    def start(self, now: float) -> list[Action]:
+        self._now = self._t0 = now
+        plan = self.plan
+        for j in range(plan.tokens):
+            if plan.start(j) == self.node:
+                tau = wk.initial_token(plan, j, self.streams, self.cfg)
+                self.out.log("token-start", token=j, digest=wk.digest(tau))
+                self.hold(j, 0, tau)
+        self._end_at = now + self.bound_s
+        self._check(now)
+        return self.out.take()
+
+    def handle(self, event: NetEvent | None, now: float) -> list[Action]:
+        if self.finished:
+            return []
+        self._now = now
+        if self._bye is not None:
+            self._goodbye_event(event, now)
+            return self.out.take()
+        if now >= self._end_at:
+            for j in range(self.plan.tokens):
+                if j not in self.ended:
+                    self.ended[j] = {"how": "timeout", "at": None, "step": None}
+                    self.out.log("walk-timeout", token=j, bound_s=self.bound_s)
+            self._begin_goodbye(now)
+            return self.out.take()
+        if isinstance(event, PeerDown):
+            self._on_peer_down(event.peer, str(event.reason))
+        elif isinstance(event, PeerUp):
+            if event.peer in self.down:
+                self.down.discard(event.peer)
+                self.out.log("peer-up", peer=event.peer)
+        elif isinstance(event, Inbound):
+            self._inbound(event.peer, event.message)
+        self._expire(now)
+        self._check(now)
+        return self.out.take()
+
+    def next_wakeup(self) -> float | None:
+        if self.finished:
+            return None
+        if self._bye is not None:
+            return self._bye[1]
+        wake = [o.deadline for o in self.offers.values()]
+        wake += [i.deadline for i in self.incoming.values()]
+        return min([self._end_at, *wake])
+
+    def _check(self, now: float) -> None:
+        if self._bye is None and len(self.ended) >= self.plan.tokens:
+            self._begin_goodbye(now)
 
     # ------------------------------------------------------------------------------ helpers
 
@@ -87,119 +164,111 @@ class TokenEngine:
         fields = {"token": token, "step": step, "peer": peer, "digest": wk.digest(value)}
         if self.log_values:
             fields["value"] = value
-        self.vlog.write(kind, **fields, **extra)
+        self.out.log(kind, **fields, **extra)
 
-    async def _send(self, peer: int, msg: Message) -> bool:
+    def _send(self, peer: int, msg: Message) -> bool:
+        """Queue a send; False when the peer is known to be down (nothing is sent). A send that
+        fails comes back as a PeerDown event."""
         if peer in self.down:
             return False
-        try:
-            await self.net.send(peer, msg, timeout=self.deadline)
-            return True
-        except (ConnectionError, OSError) as exc:
-            self._peer_down(peer, f"send failed: {type(exc).__name__}: {exc}")
-            return False
+        self.out.send(peer, msg)
+        return True
 
     def _progress(self, step: int) -> None:
         if step > self.top_step:
             self.top_step = step
-            self.progress.emit(event="step", node=self.node, step=step, of=self.plan.hops)
+            self.out.progress(None, event="step", node=self.node, step=step, of=self.plan.hops)
 
     # ------------------------------------------------------------------------------ holding
 
-    async def hold(self, token: int, step: int, tau: np.ndarray) -> None:
+    def hold(self, token: int, step: int, tau: np.ndarray) -> None:
         """Make steps from ``step`` on while the token stays here, then offer it on."""
-        plan = self.plan
-        s = step
-        while True:
-            k = self.counts.get(token, 0)
-            tau, used = wk.apply_step(plan, self.cfg, self.node, token, s, k, tau, self.streams)
-            if used:
-                self.counts[token] = k + 1
+        counts = self.counts.setdefault(token, {})
+        for h in wk.hops(self.plan, self.cfg, token, self.node, step, tau, counts, self.streams):
             self.steps_made += 1
-            self.vlog.write("token-step", token=token, step=s, data=used)
-            self._progress(s + 1)
-            if s + 1 >= plan.hops:
-                self.finals[token] = [float(x) for x in tau]
-                await self._end(token, "completed", self.node, plan.hops)
+            self.out.log("token-step", token=token, step=h.s, data=h.used)
+            self._progress(h.s + 1)
+            if h.nxt is None:
+                self.finals[token] = [float(x) for x in h.tau]
+                self._end(token, "completed", self.node, self.plan.hops)
                 return
-            nxt = wk.next_hop(plan, self.node, token, s, self.streams)
-            if nxt == self.node:
-                s += 1
-                continue
-            await self._offer(token, s + 1, tau, nxt, 0, set())
-            return
+            if h.nxt != self.node:
+                self._offer(token, h.s + 1, h.tau, h.nxt, 0, set())
+                return
 
-    async def _offer(self, token, step, value, to, attempt, excluded) -> None:
-        offer = _Offer(to, step, value, attempt, excluded, time.monotonic() + self.deadline)
+    def _offer(self, token, step, value, to, attempt, excluded) -> None:
+        offer = _Offer(to, step, value, attempt, excluded, self._now + self.deadline)
         self.offers[token] = offer
         msg = Message(kind="token", round=token, step=step, payload=value, meta={"a": attempt})
-        if not await self._send(to, msg):
+        if not self._send(to, msg):
             if self.offers.get(token) is offer:
-                await self._reroute(token, "peer-down")
+                self._reroute(token, "peer-down")
 
-    async def _reroute(self, token: int, reason: str) -> None:
+    def _reroute(self, token: int, reason: str) -> None:
         o = self.offers.pop(token)
-        self.vlog.write("token-reroute", token=token, step=o.step, peer=o.to, reason=reason)
+        self.out.log("token-reroute", token=token, step=o.step, peer=o.to, reason=reason)
         self.reroutes.append({"token": token, "step": o.step, "peer": o.to, "reason": reason})
-        await self._send(o.to, Message(kind="token_abort", round=token, step=o.step))
+        self._send(o.to, Message(kind="token_abort", round=token, step=o.step))
         excluded = o.excluded | {o.to}
         nxt = wk.next_hop(
             self.plan, self.node, token, o.step - 1, self.streams, excluded, o.attempt + 1
         )
         if nxt is None:
             self.finals[token] = [float(x) for x in o.value]
-            await self._end(token, "stuck", self.node, o.step)
+            self._end(token, "stuck", self.node, o.step)
         elif nxt == self.node:
-            await self.hold(token, o.step, o.value)
+            self.hold(token, o.step, o.value)
         else:
-            await self._offer(token, o.step, o.value, nxt, o.attempt + 1, excluded)
+            self._offer(token, o.step, o.value, nxt, o.attempt + 1, excluded)
 
-    async def _end(self, token: int, how: str, at: int, step: int) -> None:
+    def _end(self, token: int, how: str, at: int, step: int) -> None:
         if token in self.ended:
             return
         info = {"how": how, "at": at, "step": step}
         self.ended[token] = info
         self.custody.pop(token, None)
-        self.vlog.write("walk-end", token=token, **info)
-        self.progress.emit(event="walk-end", node=self.node, token=token, **info)
+        self.out.log("walk-end", token=token, **info)
+        self.out.progress(None, event="walk-end", node=self.node, token=token, **info)
         msg = Message(kind="walk_end", round=token, step=step, meta={"how": how, "at": at})
-        await asyncio.gather(*(self._send(w, msg) for w in self.neighbours))
+        for w in self.neighbours:
+            self._send(w, msg)
 
     def _peer_down(self, peer: int, reason: str) -> None:
         if peer not in self.down:
             self.down.add(peer)
-            self.vlog.write("peer-down", peer=peer, reason=reason)
+            self.out.log("peer-down", peer=peer, reason=reason)
 
     # ------------------------------------------------------------------------------ events
 
-    async def _on_peer_down(self, peer: int, reason: str) -> None:
+    def _on_peer_down(self, peer: int, reason: str) -> None:
         self._peer_down(peer, reason)
         for token, (to, step) in list(self.custody.items()):
             if to == peer and token not in self.ended:
-                self.vlog.write("token-lost", token=token, step=step, peer=peer)
-                await self._end(token, "lost", peer, step)
+                self.out.log("token-lost", token=token, step=step, peer=peer)
+                self._end(token, "lost", peer, step)
         for token, o in list(self.offers.items()):
-            if o.to == peer:
-                await self._reroute(token, "peer-down")
+            if o.to == peer and self.offers.get(token) is o:
+                self._reroute(token, "peer-down")
         for (token, step), inc in list(self.incoming.items()):
-            if inc.frm == peer:  # the sender died between our ack and its commit
+            if inc.frm == peer and (token, step) in self.incoming:
+                # the sender died between our ack and its commit
                 del self.incoming[(token, step)]
-                self.vlog.write("commit-assumed", token=token, step=step, peer=peer)
-                await self._accept(token, step, inc)
+                self.out.log("commit-assumed", token=token, step=step, peer=peer)
+                self._accept(token, step, inc)
 
-    async def _accept(self, token: int, step: int, inc: _Incoming) -> None:
+    def _accept(self, token: int, step: int, inc: _Incoming) -> None:
         if token in self.ended:
             return
         self.came_from[token] = inc.frm
-        await self.hold(token, step, inc.value)
+        self.hold(token, step, inc.value)
 
-    async def _inbound(self, peer: int, m: Message) -> None:
+    def _inbound(self, peer: int, m: Message) -> None:
         token, step = m.round, m.step
         if m.kind == "done":
             self.finished_peers.add(peer)
             return
         if not 0 <= token < self.plan.tokens or not 0 <= step <= self.plan.hops:
-            self.vlog.write("bad-message", peer=peer, kind=m.kind, token=token, at=step)
+            self.out.log("bad-message", peer=peer, kind=m.kind, token=token, at=step)
             return
         if m.kind == "token":
             if (
@@ -207,50 +276,46 @@ class TokenEngine:
                 or m.payload.shape != (self.plan.dim,)
                 or not 1 <= step < self.plan.hops
             ):
-                self.vlog.write("bad-message", peer=peer, kind="token", token=token, at=step)
+                self.out.log("bad-message", peer=peer, kind="token", token=token, at=step)
                 return
             value = np.array(m.payload, dtype=np.float64)
             if (token, step) in self.seen:
-                self.vlog.write("duplicate", token=token, step=step, peer=peer)
+                self.out.log("duplicate", token=token, step=step, peer=peer)
                 if (token, step) in self.incoming:
-                    await self._send(peer, Message(kind="token_ack", round=token, step=step))
+                    self._send(peer, Message(kind="token_ack", round=token, step=step))
                 return
             self.seen.add((token, step))
             self._log_value("token-seen", token, step, peer, value)
             if token in self.ended:
-                self.vlog.write("token-after-end", token=token, step=step, peer=peer)
+                self.out.log("token-after-end", token=token, step=step, peer=peer)
                 return
-            self.incoming[(token, step)] = _Incoming(
-                peer, value, time.monotonic() + 2 * self.deadline
-            )
-            await self._send(peer, Message(kind="token_ack", round=token, step=step))
+            self.incoming[(token, step)] = _Incoming(peer, value, self._now + 2 * self.deadline)
+            self._send(peer, Message(kind="token_ack", round=token, step=step))
         elif m.kind == "token_ack":
             o = self.offers.get(token)
             if o is None or o.to != peer or o.step != step:
-                self.vlog.write("late-ack", token=token, step=step, peer=peer)
-                await self._send(peer, Message(kind="token_abort", round=token, step=step))
+                self.out.log("late-ack", token=token, step=step, peer=peer)
+                self._send(peer, Message(kind="token_abort", round=token, step=step))
                 return
             del self.offers[token]
             self.custody[token] = (peer, step)
-            await self._send(peer, Message(kind="token_commit", round=token, step=step))
-            self.vlog.write(
-                "token-send", token=token, step=step, peer=peer, digest=wk.digest(o.value)
-            )
+            self._send(peer, Message(kind="token_commit", round=token, step=step))
+            self.out.log("token-send", token=token, step=step, peer=peer, digest=wk.digest(o.value))
             frm = self.came_from.pop(token, None)
             if frm is not None:
-                await self._send(frm, Message(kind="token_fwd", round=token, step=step))
+                self._send(frm, Message(kind="token_fwd", round=token, step=step))
         elif m.kind == "token_commit":
             inc = self.incoming.pop((token, step), None)
             if inc is None or inc.frm != peer:
-                self.vlog.write("bad-message", peer=peer, kind="token_commit", token=token, at=step)
+                self.out.log("bad-message", peer=peer, kind="token_commit", token=token, at=step)
                 return
-            self.vlog.write("token-accept", token=token, step=step, peer=peer)
-            await self._accept(token, step, inc)
+            self.out.log("token-accept", token=token, step=step, peer=peer)
+            self._accept(token, step, inc)
         elif m.kind == "token_abort":
             inc = self.incoming.get((token, step))
             if inc is not None and inc.frm == peer:
                 del self.incoming[(token, step)]
-                self.vlog.write("token-aborted", token=token, step=step, peer=peer)
+                self.out.log("token-aborted", token=token, step=step, peer=peer)
         elif m.kind == "token_fwd":
             c = self.custody.get(token)
             if c is not None and c[0] == peer:
@@ -259,72 +324,67 @@ class TokenEngine:
             how = m.meta.get("how") if isinstance(m.meta, dict) else None
             at = m.meta.get("at") if isinstance(m.meta, dict) else None
             if how not in ("completed", "lost", "stuck") or not isinstance(at, int):
-                self.vlog.write("bad-message", peer=peer, kind="walk_end", token=token)
+                self.out.log("bad-message", peer=peer, kind="walk_end", token=token)
                 return
-            await self._end(token, how, at, step)
+            self._end(token, how, at, step)
         else:
-            self.vlog.write("bad-message", peer=peer, kind=m.kind, token=token, at=step)
+            self.out.log("bad-message", peer=peer, kind=m.kind, token=token, at=step)
 
-    async def _expire(self, now: float) -> None:
+    def _expire(self, now: float) -> None:
         for token, o in list(self.offers.items()):
-            if o.deadline <= now:
-                await self._reroute(token, "deadline")
+            if o.deadline <= now and self.offers.get(token) is o:
+                self._reroute(token, "deadline")
         for key, inc in list(self.incoming.items()):
-            if inc.deadline <= now:
+            if inc.deadline <= now and self.incoming.get(key) is inc:
                 del self.incoming[key]
                 if inc.frm in self.down:
-                    self.vlog.write("commit-assumed", token=key[0], step=key[1], peer=inc.frm)
-                    await self._accept(key[0], key[1], inc)
+                    self.out.log("commit-assumed", token=key[0], step=key[1], peer=inc.frm)
+                    self._accept(key[0], key[1], inc)
                 else:
-                    self.vlog.write("commit-timeout", token=key[0], step=key[1], peer=inc.frm)
+                    self.out.log("commit-timeout", token=key[0], step=key[1], peer=inc.frm)
 
-    # ------------------------------------------------------------------------------ main loop
+    # ------------------------------------------------------------------------------ goodbye
 
-    async def run(self, bound_s: float) -> WalkOutcome:
-        plan = self.plan
-        for j in range(plan.tokens):
-            if plan.start(j) == self.node:
-                tau = wk.initial_token(plan, j, self.streams, self.cfg)
-                self.vlog.write("token-start", token=j, digest=wk.digest(tau))
-                await self.hold(j, 0, tau)
-        end = time.monotonic() + bound_s
-        while len(self.ended) < plan.tokens:
-            now = time.monotonic()
-            if now >= end:
-                for j in range(plan.tokens):
-                    if j not in self.ended:
-                        self.ended[j] = {"how": "timeout", "at": None, "step": None}
-                        self.vlog.write("walk-timeout", token=j, bound_s=bound_s)
-                break
-            wake = [o.deadline for o in self.offers.values()]
-            wake += [i.deadline for i in self.incoming.values()]
-            timeout = max(0.0, min([end, *wake]) - now)
-            ev = await self.net.next_event(timeout)
-            if isinstance(ev, PeerDown):
-                await self._on_peer_down(ev.peer, str(ev.reason))
-            elif isinstance(ev, PeerUp):
-                if ev.peer in self.down:
-                    self.down.discard(ev.peer)
-                    self.vlog.write("peer-up", peer=ev.peer)
-            elif isinstance(ev, Inbound):
-                await self._inbound(ev.peer, ev.message)
-            await self._expire(time.monotonic())
-        await self._finish()
+    def _begin_goodbye(self, now: float) -> None:
+        """Say done to every neighbour and wait (bounded) for theirs."""
+        live = [w for w in self.neighbours if w not in self.down]
+        for w in live:
+            self.out.send(w, Message(kind="done", round=0, step=0))
+        self._bye = ({w for w in live if w not in self.finished_peers}, now + self.deadline)
+        self._goodbye_event(None, now)
+
+    def _goodbye_event(self, event: NetEvent | None, now: float) -> None:
+        assert self._bye is not None
+        pending, until = self._bye
+        if isinstance(event, PeerDown):
+            pending.discard(event.peer)
+        elif isinstance(event, Inbound):
+            if event.message.kind == "done":
+                pending.discard(event.peer)
+            elif event.message.kind == "token":
+                # A walk that has ended everywhere cannot go on: log what we saw, refuse it.
+                self.out.log("token-after-end", token=event.message.round, peer=event.peer)
+        if pending and now < until:
+            return
+        self.finished = True
+        self.out.log("finished", steps=self.steps_made, reroutes=len(self.reroutes))
+        result = {
+            "node": self.node,
+            "estimate": [],
+            "steps": self.steps_made,
+            "elapsed_s": now - self._t0,
+            "missed": self.reroutes,
+            "walks": {
+                "ended": {str(j): e for j, e in self.ended.items()},
+                "finals": {str(j): v for j, v in self.finals.items()},
+            },
+        }
+        self.out.actions.append(Finish(result))
+
+    def outcome(self) -> WalkOutcome:
         return WalkOutcome(
             ended=dict(self.ended),
             finals=dict(self.finals),
             steps_made=self.steps_made,
             reroutes=list(self.reroutes),
         )
-
-    async def _finish(self) -> None:
-        """Say done to every neighbour and wait (bounded) for theirs."""
-        from coordinator_free.peer.runner import say_goodbye
-
-        def after_end(peer: int, m: Message) -> None:
-            if m.kind == "token":
-                # A walk that has ended everywhere cannot go on: log what we saw, refuse it.
-                self.vlog.write("token-after-end", token=m.round, peer=peer)
-
-        live = [w for w in self.neighbours if w not in self.down]
-        await say_goodbye(self.net, live, self.finished_peers, self.deadline, 0, after_end)

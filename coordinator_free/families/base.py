@@ -26,6 +26,10 @@ class Family:
     name: str = ""
     #: The values of ``protocol.name`` this family serves.
     protocols: tuple[str, ...] = ()
+    #: Whether ``protocol.tick`` paces Poisson clocks (randomized gossip).
+    clocks: bool = False
+    #: Whether the protocol adds pairwise-correlated noise (``privacy.sigma_cor``, collusion).
+    correlated_noise: bool = False
 
     # ------------------------------------------------------------------ what kind of protocol
 
@@ -53,6 +57,17 @@ class Family:
     def make_plan(self, cfg):
         raise NotImplementedError(f"{self.name}: make_plan")
 
+    # ------------------------------------------------------------------ running
+
+    def node_engine(self, cfg, plan, node: int, streams):
+        """The sans-IO engine of one node (``coordinator_free.engine``): the family's node
+        program, fed events and time by the peer shell or the in-memory network."""
+        raise NotImplementedError(f"{self.name}: node_engine")
+
+    def simulate(self, cfg, plan=None, streams=None, **opts: Any):
+        """A fault-free run in one process, with the node programs the peers run."""
+        raise NotImplementedError(f"{self.name}: simulate")
+
     # ------------------------------------------------------------------ accounting
 
     def plan_report(self, cfg, plan, *, source: int | None, method: str) -> dict:
@@ -65,6 +80,10 @@ class Family:
         raise NotImplementedError(f"{self.name}: calibrate")
 
     # ------------------------------------------------------------------ rendering (CLI output)
+
+    def banner(self, cfg, plan) -> str:
+        """One line that says what a run of this config is about to do."""
+        return f"starting {plan.n} peers: {cfg.protocol.name} on {cfg.graph.kind}"
 
     def print_plan(self, rep: dict) -> None:
         raise NotImplementedError(f"{self.name}: print_plan")
@@ -86,10 +105,6 @@ class Family:
     def print_audit_compact(self, audit: dict) -> None:
         """The audit as a run summary ends with it: pairwise eps by graph distance."""
         raise NotImplementedError(f"{self.name}: print_audit_compact")
-
-    def run_banner(self, cfg, plan) -> str:
-        """One line saying what a run is about to start (printed on stderr)."""
-        raise NotImplementedError(f"{self.name}: run_banner")
 
     def simulator_diff(self, cfg, plan, run_dir: Path, results: dict, streams) -> float | None:
         """max |networked run - simulator| given the run's node streams (None when nothing

@@ -67,6 +67,8 @@ from pathlib import Path
 
 import numpy as np
 
+from coordinator_free.errors import CfreeError
+
 DATASET_KINDS = (
     "synthetic-logistic",
     "synthetic-lstsq",
@@ -91,7 +93,7 @@ STREAM_SPLIT = 2
 SHARD_FORMAT = "coordinator-free-shard/1"
 
 
-class DataError(ValueError):
+class DataError(CfreeError, ValueError):
     """A dataset or shard cannot be loaded; the message names the file/line and the problem."""
 
 

@@ -35,6 +35,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from coordinator_free.engine.events import Inbound, NetEvent, PeerDown, PeerUp
 from coordinator_free.net.channel import (
     DEFAULT_MAX_FRAME,
     TAG_SIZE,
@@ -75,30 +76,8 @@ STREAM_LIMIT = 256 << 10
 # --------------------------------------------------------------------------- events, errors
 
 
-@dataclass(frozen=True)
-class Inbound:
-    """A message from neighbour ``peer``."""
-
-    peer: int
-    message: Message
-
-
-@dataclass(frozen=True)
-class PeerDown:
-    """The channel to neighbour ``peer`` closed or failed; ``reason`` says why."""
-
-    peer: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class PeerUp:
-    """Neighbour ``peer``, earlier reported down, has a channel again."""
-
-    peer: int
-
-
-NetEvent = Inbound | PeerDown | PeerUp
+# The events are the node engines' own (coordinator_free.engine.events): the peer shell hands
+# them to its engine as they come.
 
 
 class PeerUnreachable(ConnectionError):

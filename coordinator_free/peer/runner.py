@@ -1,29 +1,27 @@
-"""The peer process: one node of a run, driving Muffliato over encrypted channels.
+"""The peer process: one node of a run, its node engine driven over encrypted channels.
 
 Data flow through a peer (see docs/architecture.md):
 
-    config + roster + own key  ->  plan (graph, W, T, gamma)
-    private value + own noise  ->  x^0
-    for each step t:  send x^t to every neighbour  ->  collect step-t values until the deadline
-                      (early values are buffered, late ones logged and dropped, a missing
-                      neighbour is recorded and replaced by the node's own value)
-                      ->  x^{t+1} = gossip_update(...)
-    view log: every value received, every send (digest only), every miss, the public parameters
-    result file: the final estimate and traffic counters
+    config + roster + own key  ->  plan, and the family's node engine (sans-IO)
+    PeerNet events, timer expiries  ->  engine.handle(event, now)  ->  actions:
+        send (bounded by the step deadline; a failed send comes back as a peer-down event),
+        view-log record, progress event, finish (the result file, the models)
 
-Every await has a deadline: a run always ends, with results or a clear error.
+The engine holds the protocol (the step exchange with its deadlines, the token hand-off, the
+node program of the family); this module only moves events in and actions out. Every await has
+a deadline: a run always ends, with results or a clear error.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import os
 import socket
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,19 +30,14 @@ import numpy as np
 from coordinator_free import roster as roster_mod
 from coordinator_free import seeds
 from coordinator_free.config import Config
-from coordinator_free.families import make_plan
-from coordinator_free.families.averaging import protocol as mf
-from coordinator_free.families.randomized import protocol as rg
-from coordinator_free.net.transport import Inbound, PeerDown, PeerNet, PeerUp
-from coordinator_free.net.wire import Message
+from coordinator_free.engine.events import Finish, Log, PeerDown, Send
+from coordinator_free.engine.events import Progress as ProgressAction
+from coordinator_free.engine.step import digest  # noqa: F401 (peer.runner.digest, used by the audit)
+from coordinator_free.families import family_of
+from coordinator_free.net.transport import PeerNet
 from coordinator_free.viewlog import ViewLogWriter
 
 log = logging.getLogger("coordinator_free.peer")
-
-# How long after a neighbour's channel went down we keep waiting for it at step deadlines (the
-# transport redials meanwhile), in units of the step deadline. Past that a down neighbour is
-# skipped at once, so a crashed neighbour costs a bounded amount of time, not T deadlines.
-DOWN_GRACE_DEADLINES = 2.0
 
 
 class PeerFailure(RuntimeError):
@@ -72,10 +65,6 @@ class PeerResult:
 
     def to_json(self) -> dict:
         return self.__dict__.copy()
-
-
-def digest(arr: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()[:32]
 
 
 class Progress:
@@ -115,12 +104,13 @@ async def run_peer(
     progress: Progress | None = None,
 ) -> PeerResult:
     progress = progress or Progress(None)
-    plan = make_plan(cfg)
-    if cfg.learning and not plan.decentralized:
+    family = family_of(cfg.protocol.name)
+    if not family.has_peers(cfg):
         raise PeerFailure(
             f"{cfg.protocol.name} is the trusted-curator baseline: it runs in one process "
             "(cfree run or cfree simulate), not as peers"
         )
+    plan = family.make_plan(cfg)
     if plan.n != len(roster.entries):
         raise PeerFailure(
             f"the config describes {plan.n} nodes but the roster lists {len(roster.entries)}"
@@ -129,27 +119,15 @@ async def run_peer(
         raise PeerFailure(f"node id {node_id} is not in the roster (ids 0..{plan.n - 1})")
     roster_mod.check_key_matches(roster, node_id, key)
     neighbours = plan.neighbours(node_id)
-    row = plan.row(node_id)
     deadline = cfg.network.deadline_s
 
-    logs_dir = out_dir / "logs"
-    results_dir = out_dir / "results"
-    logs_dir.mkdir(parents=True, exist_ok=True)
-    results_dir.mkdir(parents=True, exist_ok=True)
-    params = {
-        **plan.public_params(),
-        "node": node_id,
-        "neighbours": neighbours,
-        "weights": {str(w): wt for w, wt in row.items()},
-        "weights_scheme": cfg.protocol.weights,
-        "deadline_s": deadline,
-        "config": cfg.to_dict(),
-    }
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (out_dir / "results").mkdir(parents=True, exist_ok=True)
     vlog = ViewLogWriter(
-        logs_dir / f"node-{node_id}.vlog",
+        out_dir / "logs" / f"node-{node_id}.vlog",
         run_id=roster.run_id,
         node=node_id,
-        params=params,
+        params=node_params(cfg, plan, node_id),
         mode=0o600,  # what a node saw is its own business
     )
     net = PeerNet(
@@ -174,113 +152,16 @@ async def run_peer(
         # The node's value, noise and minibatches come from streams seeded by its own private
         # key: nobody else can recompute them, whatever they know of the config.
         own = seeds.NodeSecretStreams(key, roster.run_id_bytes, node_id)
-        engine = _StepEngine(
-            net,
-            vlog,
-            neighbours,
-            plan.steps,
-            deadline,
-            cfg.log.values,
-            partners_at=lambda t: plan.partners_at(node_id, t),
-        )
-
-        async def gossip(t0: int, count: int, current: np.ndarray) -> np.ndarray:
-            """``count`` synchronous gossip steps from global step ``t0``."""
-            previous: np.ndarray | None = None
-            for t in range(t0, t0 + count):
-                got = await engine.exchange(t, current)
-                terms = mf.step_terms(plan.row_at(node_id, t), node_id, current, got)
-                nxt = mf.gossip_update(terms, plan.gamma_at(t), previous)
-                previous, current = current, nxt
-                progress.emit(event="step", node=node_id, step=t + 1, of=plan.steps)
-                if progress.reader_gone:
-                    vlog.write("aborted", step=t + 1, reason="the launcher went away")
-                    raise PeerFailure(f"the launcher went away (after step {t + 1}); stopping")
-            return current
-
-        async def pairwise(current: np.ndarray, t0: float) -> np.ndarray:
-            """Randomized gossip: this node's exchanges in clock order, each at its clock time
-            (``tick`` seconds per clock unit after ``t0``); a late partner is waited for (up to
-            the deadline), never overtaken."""
-            mine = plan.exchanges_of(node_id)
-            for e in mine:
-                wait = t0 + e.time * plan.tick - time.monotonic()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                got = await engine.exchange(e.t, current)
-                current = rg.exchange_update(plan, node_id, e.t, current, got)
-                partner = e.partner(node_id)
-                vlog.write(
-                    "exchange",
-                    step=e.t,
-                    peer=partner,
-                    initiator=e.initiator,
-                    clock=e.time,
-                    averaged=partner in got,
-                )
-                # Progress in global exchange numbers: this node is done up to exchange t.
-                progress.emit(event="step", node=node_id, step=e.t + 1, of=plan.steps)
-                if progress.reader_gone:
-                    vlog.write("aborted", step=e.t + 1, reason="the launcher went away")
-                    raise PeerFailure(f"the launcher went away (at exchange {e.t}); stopping")
-            progress.emit(event="step", node=node_id, step=plan.steps, of=plan.steps)
-            return current
-
-        t_run = time.monotonic()
-        if cfg.walk:
-            return await _run_walk(
-                cfg, plan, net, vlog, node_id, own, progress, out_dir, t_start, t_run, channels
-            )
-        models: list[np.ndarray] = []
-        if cfg.learning:
-            from coordinator_free.families.learning import protocol as lp
-
-            task = lp.make_task(cfg, plan.n)
-            theta = task.model.init()
-            models.append(theta)
-            K = plan.gossip_steps
-            dec = None
-            if plan.protocol == "decor":
-                from coordinator_free.families.decor.node import DecorNode
-
-                dec = DecorNode(plan, node_id, own, vlog)
-                engine.handlers.update(decor_drop=dec.on_drop, decor_pub=dec.on_late_key)
-                await dec.exchange(net, neighbours, cfg.network.connect_timeout_s, engine)
-            for r in range(plan.rounds):
-                corr = dec.term(r) if dec is not None else None
-                thetahat = lp.local_step(plan, task, node_id, r, theta, own, corr)
-                theta = await gossip(r * K, K, thetahat)
-                if dec is not None:
-                    await dec.after_round(r, engine, net, deadline)
-                models.append(theta)
-            current = theta
-        else:
-            x = mf.private_value(cfg, node_id, own)
-            start = mf.initial_value(x, mf.local_noise(cfg, node_id, own))
-            del x  # the raw input is never needed again
-            if isinstance(plan, rg.RandomizedPlan):
-                current = await pairwise(start, t_run)
-            else:
-                current = await gossip(0, plan.steps, start)
-        run_s = time.monotonic() - t_run
-        await engine.finish()
-        missed, late = engine.missed, engine.late
-        result = PeerResult(
-            node=node_id,
-            estimate=[float(v) for v in current],
-            steps=plan.steps,
-            elapsed_s=run_s,
-            **traffic(net),
-            missed=missed,
-            late=late,
-            channels=channels,
-        )
-        vlog.write("finished", steps=plan.steps, missed=len(missed), late=late)
-        if models:
+        engine = family.node_engine(cfg, plan, node_id, own)
+        finish = await drive(engine, net, vlog, progress, deadline)
+        result = PeerResult(**finish.result, **traffic(net), channels=channels)
+        if finish.models is not None:
             # The node's own model after every round: its output, never sent or logged.
-            final_models = lp.models_path(out_dir, node_id)
+            from coordinator_free.families.learning.protocol import models_path
+
+            final_models = models_path(out_dir, node_id)
             tmp_models = final_models.with_suffix(".tmp.npy")
-            np.save(tmp_models, np.stack(models), allow_pickle=False)
+            np.save(tmp_models, finish.models, allow_pickle=False)
             tmp_models.replace(final_models)
         write_result(out_dir, result)
         progress.emit(event="finished", node=node_id, elapsed_s=time.monotonic() - t_start)
@@ -288,6 +169,78 @@ async def run_peer(
     finally:
         await net.close()
         vlog.close()
+
+
+def node_params(cfg: Config, plan, node_id: int) -> dict:
+    """The public parameters in the header of a node's view log (checked by the auditor)."""
+    return {
+        **plan.public_params(),
+        "node": node_id,
+        "neighbours": plan.neighbours(node_id),
+        "weights": {str(w): wt for w, wt in plan.row(node_id).items()},
+        "weights_scheme": cfg.protocol.weights,
+        "deadline_s": cfg.network.deadline_s,
+        "config": cfg.to_dict(),
+    }
+
+
+async def drive(engine, net, vlog, progress: Progress, deadline: float) -> Finish:
+    """The peer's one loop: feed network events and timer expiries into the engine, perform
+    its actions, until it finishes."""
+    failed: deque[PeerDown] = deque()
+    actions = engine.start(time.monotonic())
+    while True:
+        finish = await _perform(actions, net, vlog, progress, deadline, failed)
+        if finish is not None:
+            return finish
+        if failed:
+            actions = engine.handle(failed.popleft(), time.monotonic())
+            continue
+        wake = engine.next_wakeup()
+        timeout = 3600.0 if wake is None else max(0.0, wake - time.monotonic())
+        ev = await net.next_event(timeout)
+        actions = engine.handle(ev, time.monotonic())
+
+
+async def _perform(actions, net, vlog, progress, deadline, failed) -> Finish | None:
+    """Perform the engine's actions in order. Consecutive sends go out concurrently (each
+    bounded by the deadline; two to the same peer keep their order); a failed one is queued
+    as a PeerDown for the engine."""
+    i = 0
+    while i < len(actions):
+        a = actions[i]
+        if isinstance(a, Send):
+            batch, peers = [], set()
+            while i < len(actions) and isinstance(actions[i], Send):
+                if actions[i].peer in peers:
+                    break
+                peers.add(actions[i].peer)
+                batch.append(actions[i])
+                i += 1
+            outcomes = await asyncio.gather(
+                *(net.send(s.peer, s.message, timeout=deadline) for s in batch),
+                return_exceptions=True,
+            )
+            for s, res in zip(batch, outcomes, strict=True):
+                if isinstance(res, (ConnectionError, OSError)):  # PeerGone, PeerUnreachable
+                    failed.append(PeerDown(s.peer, f"send failed: {type(res).__name__}: {res}"))
+                elif isinstance(res, BaseException):
+                    raise res
+                elif s.on_sent is not None:
+                    vlog.write(s.on_sent.kind, **s.on_sent.fields)
+            continue
+        if isinstance(a, Log):
+            vlog.write(a.kind, **a.fields)
+        elif isinstance(a, ProgressAction):
+            progress.emit(**a.fields)
+            if a.abort is not None and progress.reader_gone:
+                what, when = a.abort
+                vlog.write("aborted", step=a.fields["step"], reason="the launcher went away")
+                raise PeerFailure(f"the launcher went away ({what} {when}); stopping")
+        elif isinstance(a, Finish):
+            return a
+        i += 1
+    return None
 
 
 def channel_addresses(net, neighbours) -> dict:
@@ -299,215 +252,6 @@ def channel_addresses(net, neighbours) -> dict:
             (lh, lp), (rh, rp) = ends
             out[str(j)] = {"local": f"{lh}:{lp}", "remote": f"{rh}:{rp}"}
     return out
-
-
-async def _run_walk(
-    cfg, plan, net, vlog, node_id, own, progress, out_dir, t_start, t_run, channels=None
-):
-    """Token protocols: serve the tokens (walkpeer.TokenEngine), then write the result."""
-    from coordinator_free.engine.token import TokenEngine
-
-    deadline = cfg.network.deadline_s
-    engine = TokenEngine(plan, cfg, net, vlog, node_id, own, deadline, cfg.log.values, progress)
-    # A bound on the whole walk, never reached in a live run: every hop of every token may use
-    # its deadline a few times over.
-    bound = (plan.hops * plan.tokens + 2) * deadline * 4 + 60.0
-    outcome = await engine.run(bound)
-    run_s = time.monotonic() - t_run
-    result = PeerResult(
-        node=node_id,
-        estimate=[],
-        steps=outcome.steps_made,
-        elapsed_s=run_s,
-        **traffic(net),
-        missed=outcome.reroutes,
-        walks={
-            "ended": {str(j): e for j, e in outcome.ended.items()},
-            "finals": {str(j): v for j, v in outcome.finals.items()},
-        },
-        channels=channels,
-    )
-    vlog.write("finished", steps=outcome.steps_made, reroutes=len(outcome.reroutes))
-    write_result(out_dir, result)
-    progress.emit(event="finished", node=node_id, elapsed_s=time.monotonic() - t_start)
-    return result
-
-
-class _StepEngine:
-    """Synchronous exchange of one value per step with every neighbour, with deadlines.
-
-    * Sends go to all live neighbours concurrently, each bounded by the step deadline (the
-      transport drops a channel whose send does not drain in time, then redials).
-    * Values for a later step (a neighbour that gave up waiting for us can be several steps
-      ahead) are buffered until their step: at most steps x neighbours values.
-    * Values for an earlier step are logged as late and not used.
-    * A neighbour whose channel is down is waited for only during a grace period after it went
-      down; a PeerUp brings it back and it gets our current value again at once.
-    * Every value received is logged, used or not: the auditor counts what the node saw.
-    """
-
-    def __init__(self, net, vlog, neighbours, steps, deadline, log_values, partners_at=None):
-        self.net, self.vlog = net, vlog
-        self.neighbours = list(neighbours)
-        # Whom the node exchanges with at step t: every neighbour (synchronous gossip) or the
-        # partner of its exchange (randomized gossip).
-        self.partners_at = partners_at or (lambda t: self.neighbours)
-        self.steps, self.deadline, self.log_values = steps, deadline, log_values
-        self.down: dict[int, float] = {}  # peer -> monotonic time its channel went down
-        self.finished: set[int] = set()  # neighbours that said "done"
-        self.buffered: dict[tuple[int, int], np.ndarray] = {}  # (step, peer) -> value
-        self.missed: list[dict] = []
-        self.late = 0
-        # Protocol messages other than values (kind -> handler(peer, message)), e.g. decor's.
-        self.handlers: dict = {}
-        # peer -> the latest step of which a value arrived from it (on time, early or late):
-        # a neighbour that is late but still sending is alive and progressing.
-        self.heard: dict[int, int] = {}
-
-    def _log_value(self, kind: str, step: int, peer: int, value: np.ndarray, **extra) -> None:
-        fields = {"digest": digest(value), "nbytes": value.nbytes, **extra}
-        if self.log_values:
-            fields["value"] = value
-        self.vlog.write(kind, step=step, peer=peer, **fields)
-
-    def _mark_down(self, peer: int, step: int, reason: str) -> None:
-        if peer not in self.down:
-            self.down[peer] = time.monotonic()
-            self.vlog.write("peer-down", step=step, peer=peer, reason=reason)
-
-    async def _send(self, peer: int, step: int, value: np.ndarray) -> None:
-        msg = Message(kind="value", round=0, step=step, payload=value)
-        try:
-            await self.net.send(peer, msg, timeout=self.deadline)
-        except (ConnectionError, OSError) as exc:  # PeerGone, PeerUnreachable
-            self._mark_down(peer, step, f"send failed: {type(exc).__name__}: {exc}")
-            return
-        self.vlog.write("send", step=step, peer=peer, digest=digest(value), nbytes=value.nbytes)
-
-    def _waitable(self, peer: int, now: float) -> bool:
-        if peer in self.finished:
-            return False
-        since = self.down.get(peer)
-        return since is None or now - since < DOWN_GRACE_DEADLINES * self.deadline
-
-    async def exchange(self, t: int, current: np.ndarray) -> dict[int, np.ndarray]:
-        """Send ``current`` to step t's partners and collect their step-t values until the
-        deadline."""
-        partners = self.partners_at(t)
-        live = [w for w in partners if w not in self.down and w not in self.finished]
-        await asyncio.gather(*(self._send(w, t, current) for w in live))
-        got = {w: self.buffered.pop((t, w)) for w in partners if (t, w) in self.buffered}
-        step_deadline = time.monotonic() + self.deadline
-        while True:
-            now = time.monotonic()
-            if not any(w not in got and self._waitable(w, now) for w in partners):
-                break
-            if now >= step_deadline:
-                break
-            ev = await self.net.next_event(step_deadline - now)
-            if ev is None:
-                break
-            if isinstance(ev, PeerDown):
-                self._mark_down(ev.peer, t, str(ev.reason))
-            elif isinstance(ev, PeerUp):
-                if self.down.pop(ev.peer, None) is not None:
-                    self.vlog.write("peer-up", step=t, peer=ev.peer)
-                    if ev.peer in partners:
-                        await self._send(ev.peer, t, current)
-            elif isinstance(ev, Inbound):
-                self._inbound(t, ev.peer, ev.message, current.shape, got)
-        for w in partners:
-            if w not in got:
-                if w in self.finished:
-                    reason = "finished"
-                elif w in self.down:
-                    reason = "peer-down"
-                else:
-                    reason = "deadline"
-                self.missed.append({"step": t, "peer": w, "reason": reason})
-                self.vlog.write("miss", step=t, peer=w, reason=reason)
-        return got
-
-    def stash(self, peer: int, m: Message, shape) -> None:
-        """A message that arrived before the first step (e.g. during a seed exchange): values
-        are kept for their step, other kinds go to their handler."""
-        self._inbound(-1, peer, m, shape, {})
-
-    def _inbound(self, t: int, peer: int, m: Message, shape, got: dict) -> None:
-        if m.kind in self.handlers:
-            self.handlers[m.kind](peer, m)
-            return
-        if m.kind == "done":
-            self.finished.add(peer)
-            self.vlog.write("peer-done", step=t, peer=peer, at=m.step)
-            return
-        if m.kind != "value" or m.payload is None or m.payload.shape != shape:
-            self.vlog.write("bad-message", step=t, peer=peer, kind=m.kind)
-            return
-        value = np.array(m.payload, dtype=np.float64)  # own copy, writable
-        if not 0 <= m.step < self.steps:
-            self.vlog.write("bad-message", step=t, peer=peer, kind="beyond-last-step", at=m.step)
-            return
-        if peer not in self.partners_at(m.step):
-            self.vlog.write("bad-message", step=t, peer=peer, kind="not-a-partner", at=m.step)
-            return
-        self.heard[peer] = max(m.step, self.heard.get(peer, -1))
-        if m.step < t:
-            self.late += 1
-            self._log_value("late", m.step, peer, value, now=t)
-        elif (m.step == t and peer in got) or (m.step, peer) in self.buffered:
-            self.vlog.write("duplicate", step=m.step, peer=peer)
-        elif m.step == t:
-            got[peer] = value
-            self._log_value("recv", t, peer, value)
-        else:
-            self.buffered[(m.step, peer)] = value
-            self._log_value("recv", m.step, peer, value)
-
-    async def finish(self) -> None:
-        """Tell neighbours we are done, then wait (bounded) for theirs, so a normal end is never
-        mistaken for a crash. Values still arriving are logged as late."""
-
-        def late(peer: int, m: Message) -> None:
-            if (
-                m.kind == "value"
-                and m.payload is not None
-                and 0 <= m.step < self.steps
-                and peer in self.partners_at(m.step)
-            ):
-                self.late += 1
-                self._log_value("late", m.step, peer, np.array(m.payload), now=self.steps)
-
-        live = [w for w in self.neighbours if w not in self.down]
-        await say_goodbye(self.net, live, self.finished, self.deadline, self.steps, late)
-
-
-async def say_goodbye(net, live, finished, deadline: float, step: int, on_message) -> None:
-    """The end of a node's run: send "done" to every live neighbour, then wait (one deadline at
-    most) for the "done" of those that have not said it yet, so a normal end is never mistaken
-    for a crash. Any other message arriving meanwhile goes to ``on_message(peer, message)``."""
-    done = Message(kind="done", round=0, step=step)
-
-    async def say_done(w: int) -> None:
-        try:
-            await net.send(w, done, timeout=deadline)
-        except (ConnectionError, OSError):
-            pass
-
-    await asyncio.gather(*(say_done(w) for w in live))
-    pending = {w for w in live if w not in finished}
-    end = time.monotonic() + deadline
-    while pending and time.monotonic() < end:
-        ev = await net.next_event(end - time.monotonic())
-        if ev is None:
-            break
-        if isinstance(ev, PeerDown):
-            pending.discard(ev.peer)
-        elif isinstance(ev, Inbound):
-            if ev.message.kind == "done":
-                pending.discard(ev.peer)
-            else:
-                on_message(ev.peer, ev.message)
 
 
 def traffic(net) -> dict:

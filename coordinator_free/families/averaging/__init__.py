@@ -3,17 +3,61 @@ Chebyshev-accelerated)."""
 
 from __future__ import annotations
 
+from coordinator_free.families import catalog
 from coordinator_free.families.base import Family
 
 
-class Averaging(Family):
+class GossipAccounting:
+    """Plan, audit and calibration of the protocols built on gossip steps (averaging,
+    randomized gossip, learning): the exact joint-view accountant and the papers' formulas of
+    ``families/averaging/accountant.py``."""
+
+    def plan_report(self, cfg, plan, *, source, method):
+        from coordinator_free.families.averaging import accountant
+
+        return accountant.plan_report(cfg, plan, source=source, method=method)
+
+    def audit(self, run_dir, cfg, plan, observers):
+        from coordinator_free.families.averaging import accountant
+
+        return accountant.audit_run(run_dir, cfg, plan, observers)
+
+    def calibrate(self, cfg, target_eps, *, method, budget, **opts):
+        from coordinator_free.families.averaging import accountant
+
+        return accountant.calibrate(
+            cfg, target_eps, method=method, budget=budget, make_plan=self.make_plan
+        )
+
+
+class Averaging(GossipAccounting, Family):
     name = "averaging"
-    protocols = ("muffliato",)
+    protocols = catalog.AVERAGING
+
+    def validate(self, cfg, source):
+        from coordinator_free.families.averaging.validate import validate_values
+
+        validate_values(cfg, source)
+
+    def banner(self, cfg, plan):
+        from coordinator_free.families.averaging.render import banner
+
+        return banner(cfg, plan)
 
     def make_plan(self, cfg):
         from coordinator_free.families.averaging.protocol import make_plan
 
         return make_plan(cfg)
+
+    def node_engine(self, cfg, plan, node, streams):
+        from coordinator_free.families.averaging.node import engine
+
+        return engine(cfg, plan, node, streams)
+
+    def simulate(self, cfg, plan=None, streams=None, **opts):
+        from coordinator_free.families.averaging.simulate import simulate
+
+        return simulate(cfg, plan, streams, **opts)
 
     # -------------------------------------------------------------- rendering (CLI output)
 
@@ -42,20 +86,17 @@ class Averaging(Family):
 
         render.print_summary(summary, audit)
 
-    def run_banner(self, cfg, plan) -> str:
-        from coordinator_free.families.averaging import render
-
-        return render.run_banner(cfg, plan)
-
     def simulator_diff(self, cfg, plan, run_dir, results: dict, streams) -> float | None:
         from coordinator_free.families.averaging import render
 
-        return render.simulator_diff(cfg, plan, run_dir, results, streams)
+        return render.simulator_diff(
+            cfg, plan, run_dir, results, lambda: self.simulate(cfg, None, streams)
+        )
 
     def simulation(self, cfg, streams) -> dict:
         from coordinator_free.families.averaging import render
 
-        return render.simulation(cfg, streams)
+        return render.simulation(cfg, self.simulate(cfg, None, streams))
 
     def print_simulation(self, out: dict) -> None:
         from coordinator_free.families.averaging import render

@@ -20,12 +20,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import networkx as nx
 import numpy as np
 
 from coordinator_free import graphs, seeds
-from coordinator_free.config import Config
+
+if TYPE_CHECKING:
+    from coordinator_free.config import Config
 
 
 class GraphRows:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from coordinator_free.textfmt import fmt, table
+from coordinator_free.accounting import render as _generic_audit
+from coordinator_free.accounting.render import fmt, table
 
 # ------------------------------------------------------------------------------------ plan
 
@@ -86,59 +87,9 @@ def print_plan(rep: dict) -> None:
 # ----------------------------------------------------------------------------------- audit
 
 
-def _audit_matrix(
-    rep: dict, method: str, key: str = "eps"
-) -> tuple[list[int], dict[tuple[int, int], float]]:
-    cells = {}
-    for o in rep["observers"]:
-        for x in o["losses"]:
-            if x["method"] == method:
-                cells[(o["observer"], x["source"])] = x[key]
-    return [o["observer"] for o in rep["observers"]], cells
-
-
-def print_audit(rep: dict, *, header: Callable[[dict], None] | None = None) -> None:
-    """The audit of a run: the eps matrix (or per-observer summary above 16 nodes) for both
-    methods, then the integrity findings. ``header`` prints a family's guarantees first."""
-    n = rep["n"]
-    print(
-        f"audit of {rep['run_dir']}: n={n} steps={rep['steps']} fault-free={rep['fault_free']} "
-        f"alpha={rep['alpha']} delta={rep['delta']:g}  (LDP eps={fmt(rep['ldp']['eps'])})"
-    )
-    if header is not None:
-        header(rep)
-    observers = [o["observer"] for o in rep["observers"]]
-    for method in ("exact", "paper"):
-        obs, cells = _audit_matrix(rep, method)
-        if n <= 16:
-            print(f"\n{method}: eps_(u->v), rows = observer v, columns = source u")
-            rows = [
-                [str(v)] + [("." if u == v else fmt(cells[(v, u)])) for u in range(n)] for v in obs
-            ]
-            print(table(["v\\u"] + [str(u) for u in range(n)], rows))
-        else:
-            print(f"\n{method}: per observer (max and mean eps over sources)")
-            rows = []
-            for v in obs:
-                vals = [cells[(v, u)] for u in range(n) if u != v]
-                rows.append([str(v), fmt(max(vals)), fmt(float(np.mean(vals)))])
-            print(table(["observer", "eps max", "eps mean"], rows))
-    notes = rep.get("notes", [])
-    if notes:
-        print(
-            f"\n{len(notes)} pair(s) where Eq. (6) is below the exact loss (the paper's bound is not an upper bound there)"
-        )
-    if rep["integrity"]:
-        print(
-            f"\nintegrity findings ({len(rep['integrity'])}): the schedule of the nodes named "
-            "below is partly assumed, so losses that depend on it are not certified"
-        )
-        for f in rep["integrity"][:50]:
-            print(f"  node {f.get('node')}: {f['kind']}: {f['message']}")
-    else:
-        print(
-            f"\nintegrity: {len(observers)} log(s) intact, every received value matches its sender's log"
-        )
+# The audit's matrices (and DECOR's SecLDP block, present when the report has one) are the
+# generic audit rendering.
+print_audit = _generic_audit.print_audit
 
 
 def print_audit_compact(audit: dict, *, extra: Callable[[dict], None] | None = None) -> None:
@@ -203,7 +154,7 @@ def print_calibration(rep: dict, *, unit: str = "exchange steps") -> None:
 # ------------------------------------------------------------------------------- run output
 
 
-def run_banner(cfg, plan) -> str:
+def banner(cfg, plan) -> str:
     acc = " (Chebyshev)" if plan.accelerated else ""
     return (
         f"starting {plan.n} peers: {cfg.protocol.name} on {cfg.graph.kind}, "
@@ -250,14 +201,13 @@ def print_summary(summary: dict, audit: dict | None) -> None:
     print_footer(summary, audit)
 
 
-def simulator_diff(cfg, plan, run_dir: Path, results: dict, streams) -> float | None:
-    """max |peer estimate - simulator| over the nodes that finished (None if none did)."""
-    from coordinator_free.sim import simulate
-
+def simulator_diff(cfg, plan, run_dir: Path, results: dict, simulate) -> float | None:
+    """max |peer estimate - simulator| over the nodes that finished (None if none did);
+    ``simulate()`` runs the family's simulator with the run's streams (only when needed)."""
     finished = [r for r in results["nodes"] if r["finished"]]
     if not finished:
         return None
-    sim = simulate(cfg, streams=streams)
+    sim = simulate()
     return max(
         float(np.max(np.abs(np.asarray(r["estimate"]) - sim.finals[r["node"]]))) for r in finished
     )
@@ -266,11 +216,8 @@ def simulator_diff(cfg, plan, run_dir: Path, results: dict, streams) -> float | 
 # ------------------------------------------------------------------------------- simulation
 
 
-def simulation(cfg, streams) -> dict:
-    """``cfree simulate --json`` of a gossip-averaging protocol."""
-    from coordinator_free.sim import simulate
-
-    r = simulate(cfg, streams=streams)
+def simulation(cfg, r) -> dict:
+    """``cfree simulate --json`` of a gossip-averaging protocol, from the simulator's result."""
     return {
         "n": r.plan.n,
         "steps": r.plan.steps,

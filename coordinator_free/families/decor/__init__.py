@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from coordinator_free.families import catalog
 from coordinator_free.families.base import Family
 
 
 class Decor(Family):
     name = "decor"
-    protocols = ("decor",)
+    protocols = catalog.DECOR
+
+    correlated_noise = True
+
+    def validate(self, cfg, source):
+        from coordinator_free.families.decor.validate import validate_decor
+        from coordinator_free.families.learning.validate import validate_learning
+
+        validate_learning(cfg, source)
+        validate_decor(cfg, source)
 
     def learns(self, cfg) -> bool:
         return True
@@ -15,10 +25,41 @@ class Decor(Family):
     def sensitivity(self, cfg) -> float:
         return 2.0 * cfg.protocol.clip
 
+    def banner(self, cfg, plan):
+        from coordinator_free.families.learning.render import banner
+
+        return banner(cfg, plan)
+
     def make_plan(self, cfg):
         from coordinator_free.families.learning.protocol import make_plan
 
         return make_plan(cfg)
+
+    def plan_report(self, cfg, plan, *, source, method):
+        from coordinator_free.families.decor import accountant
+
+        return accountant.plan_report(cfg, plan, source=source, method=method)
+
+    def audit(self, run_dir, cfg, plan, observers):
+        from coordinator_free.families.decor import accountant
+
+        return accountant.audit_run(run_dir, cfg, plan, observers)
+
+    def calibrate(self, cfg, target_eps, *, method, budget, decor_pair="mid", **opts):
+        # The SecLDP search is over (sigma, sigma_cor) pairs; ``decor_pair`` picks which.
+        from coordinator_free.families.decor import accountant
+
+        return accountant.calibrate(cfg, target_eps, which=decor_pair)
+
+    def node_engine(self, cfg, plan, node, streams):
+        from coordinator_free.families.decor.node import engine
+
+        return engine(cfg, plan, node, streams)
+
+    def simulate(self, cfg, plan=None, streams=None, **opts):
+        from coordinator_free.families.decor.simulate import simulate
+
+        return simulate(cfg, plan, streams, **opts)
 
     # -------------------------------------------------------------- rendering (CLI output)
 
@@ -47,20 +88,17 @@ class Decor(Family):
 
         render.print_summary(summary, audit)
 
-    def run_banner(self, cfg, plan) -> str:
-        from coordinator_free.families.learning import render
-
-        return render.run_banner(cfg, plan)
-
     def simulator_diff(self, cfg, plan, run_dir, results: dict, streams) -> float | None:
         from coordinator_free.families.learning import render
 
-        return render.simulator_diff(cfg, plan, run_dir, results, streams)
+        return render.simulator_diff(
+            cfg, plan, run_dir, results, lambda: self.simulate(cfg, None, streams)
+        )
 
     def simulation(self, cfg, streams) -> dict:
         from coordinator_free.families.learning import render
 
-        return render.simulation(cfg, streams)
+        return render.simulation(cfg, self.simulate(cfg, None, streams))
 
     def print_simulation(self, out: dict) -> None:
         from coordinator_free.families.learning import render

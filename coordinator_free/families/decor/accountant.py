@@ -23,21 +23,20 @@ so the audit stays an upper bound.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import networkx as nx
 import numpy as np
 
 from coordinator_free import graphs
-from coordinator_free.accounting.audit import (
-    AuditError,
-    ldp_baseline,
-    read_logs,
-    summarise,
-    units_of,
-)
-from coordinator_free.config import Config
+from coordinator_free.accounting.core import AuditError, read_logs, scan_exchanges, units_of
+from coordinator_free.families.averaging.accountant import ldp_baseline, summarise
 from coordinator_free.privacy import decor as dacct
 from coordinator_free.privacy import rdp
+from coordinator_free.viewlog import value_digest
+
+if TYPE_CHECKING:
+    from coordinator_free.config import Config
 
 #: Largest n for the pairwise (curious-user) table: one eigendecomposition per observer.
 PAIRWISE_MAX_N = 256
@@ -192,6 +191,9 @@ def replay_rounds(run_dir: Path, plan, integrity: list[dict], notes: list[dict])
     n, R = plan.n, plan.rounds
     rr = RealisedRounds(n, R)
     logs = read_logs(run_dir, plan, integrity)
+    # The checks every family gets: unfinished logs, impossible records, values received that
+    # their sender never logged sending, or logged differently.
+    scan_exchanges(logs, plan, integrity, value_digest)
     for v, vl in logs.items():
         for rec in vl.records:
             k = rec["k"]
@@ -327,7 +329,7 @@ def audit_run(run_dir: Path, cfg: Config, plan, observers=None) -> dict:
             raise AuditError(f"observer {v} is not a node id (0..{n - 1})")
         if v not in logs:
             raise AuditError(f"no readable view log for observer {v} in {run_dir / 'logs'}")
-    fault_free = all(
+    fault_free = not integrity and all(
         rr.published[r] == set(range(n))
         and not rr.unknown[r]
         and not rr.unmatched[r]
@@ -404,7 +406,7 @@ def calibrate(cfg: Config, target_eps: float, *, which: str = "mid", grid: int =
     target_eps (the paper's search, App. D.1), and the chosen one."""
     import dataclasses
 
-    from coordinator_free.families import make_plan
+    from coordinator_free.families.learning.protocol import make_plan
 
     plan = make_plan(cfg)
     q = plan.collusion

@@ -28,14 +28,13 @@ realised pairs of every round. Secrets and noise never reach the log.
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import numpy as np
 
 from coordinator_free import seeds
+from coordinator_free.engine.step import Gather, Outcome, StepEngine
 from coordinator_free.families.decor import keys as decor
-from coordinator_free.net.transport import Inbound, PeerDown, PeerUp
+from coordinator_free.families.learning import node as learning_node
+from coordinator_free.families.learning import protocol as lp
 from coordinator_free.net.wire import Message
 
 #: A neighbour that is alive but late keeps its pair until it has missed this many rounds in a
@@ -45,8 +44,11 @@ DROP_AFTER_DEADLINES = 3
 
 
 class DecorNode:
-    def __init__(self, plan, node_id: int, own: seeds.NodeSecretStreams, vlog):
-        self.plan, self.node, self.vlog = plan, node_id, vlog
+    """A node's pairs: the seed exchange, the round's correlated term, the drops. Writes to the
+    view log and sends through the engine's outbox (``ctx.out``); never awaits anything."""
+
+    def __init__(self, plan, node_id: int, own: seeds.NodeSecretStreams, ctx):
+        self.plan, self.node, self.ctx = plan, node_id, ctx
         self.run_id = own.run_id
         self._key = decor.exchange_key(own)
         self._secrets: dict[int, bytes] = {}
@@ -55,56 +57,35 @@ class DecorNode:
         self._missed_seen = 0
         self._notify: set[int] = set()  # neighbours to tell that we have no pair with them
         self._late: dict[int, int] = {}  # peer -> deadlines missed in a row
+        ctx.handlers.update(decor_drop=self.on_drop, decor_pub=self.on_late_key)
 
     @property
     def pairs(self) -> list[int]:
         return sorted(self._secrets)
 
-    async def exchange(self, net, neighbours: list[int], timeout: float, engine) -> None:
-        """The seed exchange: send our public key to every neighbour, collect theirs."""
+    def exchange(self, timeout: float):
+        """The seed exchange (a generator for the node program): send our public key to every
+        neighbour, collect theirs."""
         pub = decor.public_bytes(self._key).hex()
         msg = Message(kind="decor_pub", round=0, step=0, meta={"pub": pub})
-
-        async def send(w: int) -> None:
-            try:
-                await net.send(w, msg, timeout=timeout)
-            except (ConnectionError, OSError) as exc:
-                engine._mark_down(w, 0, f"seed exchange send failed: {type(exc).__name__}")
-
-        await asyncio.gather(*(send(w) for w in neighbours))
-        pending = set(neighbours)
-        end = time.monotonic() + timeout
-        while pending and time.monotonic() < end:
-            ev = await net.next_event(end - time.monotonic())
-            if ev is None:
-                break
-            if isinstance(ev, PeerDown):
-                engine._mark_down(ev.peer, 0, str(ev.reason))
-            elif isinstance(ev, PeerUp):
-                engine.down.pop(ev.peer, None)
-                await send(ev.peer)
-            elif isinstance(ev, Inbound):
-                if ev.message.kind == "decor_pub":
-                    if self._take_key(ev.peer, ev.message):
-                        pending.discard(ev.peer)
-                else:
-                    engine.stash(ev.peer, ev.message, (self.plan.dim,))
+        # While the gather runs it takes the keys; afterwards on_late_key answers them.
+        pending = yield Gather(msg, "decor_pub", self._take_key, timeout)
         for w in sorted(pending):
-            self.vlog.write("decor-no-pair", peer=w, reason="no exchange key before the timeout")
-        self.vlog.write("decor-exchange", pairs=self.pairs, missing=sorted(pending))
+            self.ctx.out.log("decor-no-pair", peer=w, reason="no exchange key before the timeout")
+        self.ctx.out.log("decor-exchange", pairs=self.pairs, missing=sorted(pending))
 
     def _take_key(self, peer: int, m: Message) -> bool:
         if peer in self._secrets:
-            self.vlog.write("duplicate", step=0, peer=peer, kind="decor_pub")
+            self.ctx.out.log("duplicate", step=0, peer=peer, kind="decor_pub")
             return True
         try:
             raw = bytes.fromhex(str(m.meta.get("pub", "")))
             secret = decor.pair_secret(self._key, raw, self.run_id, self.node, peer)
         except (ValueError, decor.DecorKeyError) as exc:
-            self.vlog.write("decor-no-pair", peer=peer, reason=f"bad exchange key: {exc}")
+            self.ctx.out.log("decor-no-pair", peer=peer, reason=f"bad exchange key: {exc}")
             return True  # answered, but unusable: no pair with this neighbour
         self._secrets[peer] = secret
-        self.vlog.write(
+        self.ctx.out.log(
             "decor-pair",
             peer=peer,
             commit=decor.pair_commitment(secret, self.run_id, self.node, peer),
@@ -118,7 +99,7 @@ class DecorNode:
         """This round's correlated term (logged: the pairs used and their commitments)."""
         self.round = r
         peers = self.active(r)
-        self.vlog.write(
+        self.ctx.out.log(
             "decor-noise",
             round=r,
             peers=peers,
@@ -136,11 +117,11 @@ class DecorNode:
             dim,
         )
 
-    async def after_round(self, r: int, engine, net, deadline: float) -> None:
+    def after_round(self, r: int, ctx) -> None:
         """Drop the pairs whose neighbour's round-r value was missed, and tell them (and the
         neighbours whose exchange key came too late that we have no pair)."""
-        new = engine.missed[self._missed_seen :]
-        self._missed_seen = len(engine.missed)
+        new = ctx.missed[self._missed_seen :]
+        self._missed_seen = len(ctx.missed)
         missed_now = {m["peer"]: m["reason"] for m in new if m["step"] == r}
         for j in self.pairs:
             if j in self.dropped:
@@ -154,35 +135,95 @@ class DecorNode:
                 # side: keep the pair. Drop it only after DROP_AFTER_DEADLINES missed rounds in a
                 # row with no value of any of them arriving meanwhile.
                 self._late[j] = self._late.get(j, 0) + 1
-                silent = engine.heard.get(j, -1) <= r - DROP_AFTER_DEADLINES
+                silent = ctx.heard.get(j, -1) <= r - DROP_AFTER_DEADLINES
                 if self._late[j] < DROP_AFTER_DEADLINES or not silent:
                     continue
                 reason = f"{self._late[j]} deadlines missed in a row, nothing received"
             self.dropped[j] = r + 1
-            self.vlog.write("decor-drop", peer=j, first_round=r + 1, reason=reason)
+            ctx.out.log("decor-drop", peer=j, first_round=r + 1, reason=reason)
             self._notify.add(j)
         notify, self._notify = sorted(self._notify), set()
         for j in notify:
-            if j in engine.down or j in engine.finished:
+            if j in ctx.down or j in ctx.finished_peers:
                 continue
-            try:
-                await net.send(j, Message(kind="decor_drop", round=0, step=r + 1), timeout=deadline)
-            except (ConnectionError, OSError):
-                pass
+            ctx.out.send(j, Message(kind="decor_drop", round=0, step=r + 1))
 
     def on_drop(self, peer: int, m: Message) -> None:
         """A neighbour dropped our pair: stop adding its term from the next round we compute."""
         if peer in self._secrets and peer not in self.dropped:
             first = self.round + 1
             self.dropped[peer] = first
-            self.vlog.write(
+            self.ctx.out.log(
                 "decor-drop", peer=peer, first_round=first, reason=f"dropped by {peer} at {m.step}"
             )
 
     def on_late_key(self, peer: int, m: Message) -> None:
         """A key after the exchange closed: no pair; tell the neighbour, which may have ours."""
         if peer not in self._secrets:
-            self.vlog.write(
+            self.ctx.out.log(
                 "decor-no-pair", peer=peer, reason="exchange key arrived after the timeout"
             )
             self._notify.add(peer)
+
+
+class SimulatedPairs:
+    """The correlated terms of a fault-free run, every pair active (the simulator's ``corr``):
+    each edge's noise is drawn once per round and used by both ends."""
+
+    def __init__(self, plan, streams, keep: list | None = None):
+        self.plan = plan
+        self.pairs = decor.PairSecrets.of_streams(streams, plan.graph.edges())
+        self._memo: dict[tuple[int, int, int], np.ndarray] = {}
+        self.kept = keep  # (round, node, term) of every term, when asked for
+
+    def _z(self, r: int, a: int, b: int) -> np.ndarray:
+        key = (r, min(a, b), max(a, b))
+        z = self._memo.pop(key, None)  # the second end takes it and frees it
+        if z is None:
+            z = decor.edge_noise(
+                self.pairs.secret(a, b),
+                self.pairs.run_id,
+                a,
+                b,
+                r,
+                self.plan.dim,
+                self.plan.sigma_cor,
+            )
+            self._memo[key] = z
+        return z
+
+    def of(self, v: int):
+        """Node v's view: ``term(r)`` and a no-op ``after_round``."""
+        sim = self
+
+        class _Node:
+            def term(self, r: int) -> np.ndarray:
+                t = decor.correlated_noise(
+                    v, sim.plan.neighbours(v), lambda j: sim._z(r, v, j), sim.plan.dim
+                )
+                if sim.kept is not None:
+                    sim.kept.append((r, v, t))
+                return t
+
+            def after_round(self, r: int, ctx) -> None:
+                pass
+
+        return _Node()
+
+
+def program(cfg, plan, node: int, streams):
+    """DECOR's node program: the seed exchange, then the learning round loop with the pairs'
+    correlated noise."""
+
+    def run(ctx):
+        task = lp.make_task(cfg, plan.n)
+        dec = DecorNode(plan, node, streams, ctx)
+        yield from dec.exchange(cfg.network.connect_timeout_s)
+        out: Outcome = yield from learning_node.rounds(ctx, plan, task, node, streams, dec)
+        return out
+
+    return run
+
+
+def engine(cfg, plan, node: int, streams) -> StepEngine:
+    return learning_node.step_engine(cfg, plan, node, program(cfg, plan, node, streams))

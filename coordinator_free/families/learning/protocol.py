@@ -33,15 +33,19 @@ import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import networkx as nx
 import numpy as np
 
 from coordinator_free import graphs, seeds
-from coordinator_free.config import Config, ConfigError, DataSection, ModelSection
+from coordinator_free.errors import ConfigError
 from coordinator_free.families.averaging import protocol as mf
 from coordinator_free.ml import datasets, models
 from coordinator_free.ml.partition import partition as split_shards
+
+if TYPE_CHECKING:
+    from coordinator_free.config import Config, DataSection, ModelSection
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
+from coordinator_free.accounting.render import fmt, table
 from coordinator_free.families.averaging import render as gossip
 from coordinator_free.rundir import models_path
-from coordinator_free.textfmt import fmt, table
 
 
 def rounds_line(rep: dict) -> None:
@@ -24,7 +24,7 @@ def print_plan(rep: dict) -> None:
     gossip.print_gossip_plan(rep, detail=rounds_line)
 
 
-def run_banner(cfg, plan) -> str:
+def banner(cfg, plan) -> str:
     acc = " (Chebyshev)" if plan.accelerated else ""
     head = f"{cfg.protocol.name}: {plan.model} model ({plan.dim} parameters) on {cfg.data.kind}"
     if not plan.decentralized:
@@ -80,24 +80,21 @@ def print_summary(summary: dict, audit: dict | None) -> None:
     gossip.print_footer(summary, audit)
 
 
-def simulator_diff(cfg, plan, run_dir: Path, results: dict, streams) -> float | None:
-    """max |peer model - simulator model| over every round of the nodes that finished."""
-    from coordinator_free.sim import simulate_learning
-
+def simulator_diff(cfg, plan, run_dir: Path, results: dict, simulate) -> float | None:
+    """max |peer model - simulator model| over every round of the nodes that finished;
+    ``simulate()`` runs the family's simulator with the run's streams (only when needed)."""
     finished = [r for r in results["nodes"] if r["finished"]]
     if not finished:
         return None
-    sim_models = simulate_learning(cfg, streams=streams).models  # (R+1, n, dim)
+    sim_models = simulate().models  # (R+1, n, dim)
     return max(
         float(np.max(np.abs(np.load(models_path(run_dir, r["node"])) - sim_models[:, r["node"]])))
         for r in finished
     )
 
 
-def simulation(cfg, streams) -> dict:
-    from coordinator_free.sim import simulate_learning
-
-    r = simulate_learning(cfg, streams=streams)
+def simulation(cfg, r) -> dict:
+    """``cfree simulate --json`` of a learning protocol, from the simulator's result."""
     return {
         "protocol": cfg.protocol.name,
         "n": r.plan.n,

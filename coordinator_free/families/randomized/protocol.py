@@ -38,13 +38,16 @@ import hashlib
 import heapq
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import networkx as nx
 import numpy as np
 
 from coordinator_free import graphs, seeds
-from coordinator_free.config import Config
 from coordinator_free.families.averaging import protocol as mf
+
+if TYPE_CHECKING:
+    from coordinator_free.config import Config
 
 PROTOCOL = "randomized-gossip"
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from coordinator_free.accounting.render import fmt
 from coordinator_free.families.averaging import render as gossip
-from coordinator_free.textfmt import fmt
 
 
 def _exchanges_line(rep: dict) -> None:
@@ -20,7 +20,7 @@ def print_plan(rep: dict) -> None:
     gossip.print_gossip_plan(rep, detail=_exchanges_line)
 
 
-def run_banner(cfg, plan) -> str:
+def banner(cfg, plan) -> str:
     pace = f"{plan.tick:g} s per clock unit" if plan.tick else "as fast as the network allows"
     return (
         f"starting {plan.n} peers: randomized-gossip on {cfg.graph.kind}, {plan.steps} "

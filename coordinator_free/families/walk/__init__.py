@@ -3,6 +3,7 @@ random-walk DP-SGD on any graph."""
 
 from __future__ import annotations
 
+from coordinator_free.families import catalog
 from coordinator_free.families.base import Family
 
 #: The token protocols whose token is a model.
@@ -11,14 +12,14 @@ MODEL_TOKENS = ("complete-sgd", "walk-sgd")
 
 class Walk(Family):
     name = "walk"
-    protocols = (
-        "ring-sum",
-        "ring-histogram",
-        "complete-sum",
-        "complete-histogram",
-        "complete-sgd",
-        "walk-sgd",
-    )
+    protocols = catalog.WALK
+
+    def validate(self, cfg, source):
+        from coordinator_free.families.averaging.validate import refuse_resample
+        from coordinator_free.families.walk.validate import validate_walk
+
+        refuse_resample(cfg, source)
+        validate_walk(cfg, source)
 
     def walks(self, cfg) -> bool:
         return True
@@ -26,10 +27,40 @@ class Walk(Family):
     def sensitivity(self, cfg) -> float:
         return 2.0 * cfg.protocol.clip if cfg.protocol.name in MODEL_TOKENS else 1.0
 
+    def banner(self, cfg, plan):
+        from coordinator_free.families.walk.render import banner
+
+        return banner(cfg, plan)
+
     def make_plan(self, cfg):
         from coordinator_free.families.walk.protocol import make_plan
 
         return make_plan(cfg)
+
+    def plan_report(self, cfg, plan, *, source, method):
+        from coordinator_free.families.walk import accountant
+
+        return accountant.plan_report(cfg, plan, source=source, method=method)
+
+    def audit(self, run_dir, cfg, plan, observers):
+        from coordinator_free.families.walk import accountant
+
+        return accountant.audit_run(run_dir, cfg, plan, observers)
+
+    def calibrate(self, cfg, target_eps, *, method, budget, **opts):
+        from coordinator_free.families.walk import accountant
+
+        return accountant.calibrate(cfg, target_eps, method=method, budget=budget)
+
+    def node_engine(self, cfg, plan, node, streams):
+        from coordinator_free.families.walk.node import engine
+
+        return engine(cfg, plan, node, streams)
+
+    def simulate(self, cfg, plan=None, streams=None, **opts):
+        from coordinator_free.families.walk.simulate import simulate
+
+        return simulate(cfg, plan, streams, **opts)
 
     # -------------------------------------------------------------- rendering (CLI output)
 
@@ -58,20 +89,17 @@ class Walk(Family):
 
         render.print_summary(summary, audit)
 
-    def run_banner(self, cfg, plan) -> str:
-        from coordinator_free.families.walk import render
-
-        return render.run_banner(cfg, plan)
-
     def simulator_diff(self, cfg, plan, run_dir, results: dict, streams) -> float | None:
         from coordinator_free.families.walk import render
 
-        return render.simulator_diff(cfg, plan, run_dir, results, streams)
+        return render.simulator_diff(
+            cfg, plan, run_dir, results, lambda: self.simulate(cfg, None, streams)
+        )
 
     def simulation(self, cfg, streams) -> dict:
         from coordinator_free.families.walk import render
 
-        return render.simulation(cfg, streams)
+        return render.simulation(cfg, self.simulate(cfg, None, streams))
 
     def print_simulation(self, out: dict) -> None:
         from coordinator_free.families.walk import render

@@ -28,14 +28,17 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from coordinator_free import graphs, seeds
-from coordinator_free.accounting.audit import Units
-from coordinator_free.config import Config
+from coordinator_free.accounting.core import AuditError, Units, read_logs, smallest_sigma
 from coordinator_free.families.walk import protocol as wk
 from coordinator_free.privacy import walk as acct
+
+if TYPE_CHECKING:
+    from coordinator_free.config import Config
 
 METHODS = ("exact", "paper")
 
@@ -327,8 +330,6 @@ def plan_report(cfg: Config, plan: wk.WalkPlan, *, source: int | None, method: s
         }
     dist = graphs.all_distances(plan.graph)
     if source is not None:
-        from coordinator_free.accounting.audit import AuditError
-
         if not 0 <= source < plan.n:
             raise AuditError(f"--source {source} is not a node id (0..{plan.n - 1})")
         losses = [
@@ -392,7 +393,6 @@ def summarise(plan: wk.WalkPlan, cells: dict, dist: np.ndarray) -> dict:
 def replay_walks(run_dir: Path, plan: wk.WalkPlan, integrity: list[dict]):
     """The realised walks from the view logs (the union of every node's log), integrity
     findings on the way. Returns (walks, logged nodes, fault_free)."""
-    from coordinator_free.accounting.audit import read_logs
 
     logs = read_logs(run_dir, plan, integrity)
     T = plan.hops
@@ -480,7 +480,6 @@ def replay_walks(run_dir: Path, plan: wk.WalkPlan, integrity: list[dict]):
 
 
 def audit_run(run_dir: Path, cfg: Config, plan: wk.WalkPlan, observers=None) -> dict:
-    from coordinator_free.accounting.audit import AuditError
 
     integrity: list[dict] = []
     walks, logged, fault_free = replay_walks(run_dir, plan, integrity)
@@ -541,8 +540,6 @@ def calibrate(cfg: Config, target_eps: float, *, method: str, budget: str) -> di
     ``paper``: the theorem recomputed at every sigma. Bisection on log sigma to 1e-9."""
     import dataclasses
     import math
-
-    from coordinator_free.accounting.audit import AuditError, smallest_sigma
 
     plan = wk.make_plan(cfg)
     if plan.kind == "histogram":

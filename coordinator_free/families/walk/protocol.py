@@ -33,13 +33,17 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import networkx as nx
 import numpy as np
 
 from coordinator_free import graphs, seeds
-from coordinator_free.config import Config, ConfigError
+from coordinator_free.errors import ConfigError
 from coordinator_free.families.averaging import protocol as mf
+
+if TYPE_CHECKING:
+    from coordinator_free.config import Config
 
 KIND = {
     "ring-sum": "sum",
@@ -389,6 +393,45 @@ class TokenTrace:
     truth: np.ndarray  # what the token estimates, computed from the raw data (simulation only)
 
 
+@dataclass
+class Hop:
+    """One step of a walk: holder ``v`` made step ``s`` (its ``k``-th contribution if ``used``),
+    giving ``tau``; ``nxt`` is the next holder (None after the last step)."""
+
+    v: int
+    s: int
+    k: int
+    tau: np.ndarray
+    used: bool
+    nxt: int | None
+
+
+def hops(
+    plan: WalkPlan,
+    cfg: Config,
+    token: int,
+    v: int,
+    s: int,
+    tau: np.ndarray,
+    counts: dict[int, int],
+    streams: seeds.Streams,
+):
+    """The hop loop of a token from holder v at step s: yields every :class:`Hop` until the
+    last step. ``counts`` (holder -> contributions so far to this token) is updated in place.
+    A peer follows it while the token stays with itself (then hands it on); the simulator
+    follows it to the end."""
+    while True:
+        k = counts.get(v, 0)
+        tau, used = apply_step(plan, cfg, v, token, s, k, tau, streams)
+        if used:
+            counts[v] = k + 1
+        nxt = next_hop(plan, v, token, s, streams) if s + 1 < plan.hops else None
+        yield Hop(v, s, k, tau, used, nxt)
+        if nxt is None:
+            return
+        v, s = nxt, s + 1
+
+
 def walk_token(
     plan: WalkPlan,
     cfg: Config,
@@ -396,23 +439,17 @@ def walk_token(
     streams: seeds.Streams,
 ) -> TokenTrace:
     """Run one token to the end, fault-free, in one process (the reference simulator)."""
-    v = plan.start(token)
-    counts: dict[int, int] = {}
     tau = initial_token(plan, token, streams, cfg)
     holders: list[int] = []
     data: list[bool] = []
     truth = np.zeros(plan.dim)
-    for s in range(plan.hops):
-        k = counts.get(v, 0)
-        tau, used = apply_step(plan, cfg, v, token, s, k, tau, streams)
-        holders.append(v)
-        data.append(used)
-        if used:
-            counts[v] = k + 1
+    for h in hops(plan, cfg, token, plan.start(token), 0, tau, {}, streams):
+        holders.append(h.v)
+        data.append(h.used)
+        tau = h.tau
+        if h.used:
             if plan.kind == "sum":
-                truth = truth + mf.private_value(cfg, v, streams, k)
+                truth = truth + mf.private_value(cfg, h.v, streams, h.k)
             elif plan.kind == "histogram":
-                truth[categorical_value(cfg, v, k, streams)] += 1.0
-        if s + 1 < plan.hops:
-            v = next_hop(plan, v, token, s, streams)
+                truth[categorical_value(cfg, h.v, h.k, streams)] += 1.0
     return TokenTrace(token=token, holders=holders, data=data, final=tau, truth=truth)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from coordinator_free.accounting.render import fmt, table
 from coordinator_free.families.averaging import render as gossip
-from coordinator_free.textfmt import fmt, table
 
 
 def print_plan(rep: dict) -> None:
@@ -54,7 +54,7 @@ def print_calibration(rep: dict) -> None:
     gossip.print_calibration(rep, unit="hops")
 
 
-def run_banner(cfg, plan) -> str:
+def banner(cfg, plan) -> str:
     what = {"sum": "a running sum", "histogram": "a count histogram", "sgd": "a model"}[plan.kind]
     noise = (
         f"eps0={plan.eps0} randomized responses"
@@ -98,14 +98,12 @@ def walk_outcomes(cfg, plan, traces) -> list[dict]:
     return out
 
 
-def simulator_diff(cfg, plan, run_dir: Path, results: dict, streams) -> float | None:
+def simulator_diff(cfg, plan, run_dir: Path, results: dict, simulate) -> float | None:
     """Add to every completed token the simulator's verdict on it (estimate, truth and error,
     or test accuracy); return max |peer - simulator| over the completed tokens (None if none
     completed). The truth is that of the fault-free walk: meaningful when the walk completed as
     planned (a re-routed walk sums other contributions)."""
-    from coordinator_free.sim import simulate_walk
-
-    sim = simulate_walk(cfg, streams=streams)
+    sim = simulate()
     ref = walk_outcomes(cfg, plan, sim.traces)
     diffs = []
     for t in results["tokens"]:
@@ -159,10 +157,8 @@ def print_summary(summary: dict, audit: dict | None) -> None:
     gossip.print_footer(summary, audit)
 
 
-def simulation(cfg, streams) -> dict:
-    from coordinator_free.sim import simulate_walk
-
-    r = simulate_walk(cfg, streams=streams)
+def simulation(cfg, r) -> dict:
+    """``cfree simulate --json`` of a token protocol, from the simulator's result."""
     return {
         "protocol": cfg.protocol.name,
         "n": r.plan.n,

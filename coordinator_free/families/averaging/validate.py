@@ -1,0 +1,35 @@
+"""The keys of the averaging protocols (Muffliato and randomized gossip): one private value per
+node."""
+
+from __future__ import annotations
+
+from coordinator_free.checks import VALUE_KINDS
+from coordinator_free.errors import ConfigError
+from coordinator_free.families.catalog import LEARNING_ALL
+
+
+def refuse_resample(cfg, s: str) -> None:
+    """Per-round graphs are for the protocols with rounds."""
+    if cfg.graph.resample:
+        raise ConfigError(
+            f"{s}: graph.resample draws a fresh graph every round of a learning protocol "
+            f"({', '.join(LEARNING_ALL)}); protocol {cfg.protocol.name!r} has no rounds"
+        )
+
+
+def validate_values(cfg, s: str) -> None:
+    pr, d, nw = cfg.protocol, cfg.data, cfg.network
+    refuse_resample(cfg, s)
+    if d.kind not in VALUE_KINDS:
+        raise ConfigError(
+            f"{s}: protocol {pr.name!r} averages one private value per node: data.kind must be "
+            f"one of {', '.join(VALUE_KINDS)}, got {d.kind!r} (datasets are for the learning "
+            f"protocols {', '.join(LEARNING_ALL)})"
+        )
+    # One value message carries dim float64 numbers plus a small envelope.
+    need = 8 * d.dim + 4096
+    if need > nw.max_frame_bytes:
+        raise ConfigError(
+            f"{s}: data.dim {d.dim} needs frames of about {need} bytes but "
+            f"network.max_frame_bytes is {nw.max_frame_bytes}; raise it or lower data.dim"
+        )

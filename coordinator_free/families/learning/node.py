@@ -1,0 +1,52 @@
+"""The node program of private learning over gossip: every round a local noisy step, then K
+gossip steps (:func:`~coordinator_free.families.averaging.node.gossip`, the same loop as
+averaging). DECOR plugs its correlated noise in through ``corr``."""
+
+from __future__ import annotations
+
+from coordinator_free.engine.step import Outcome, StepEngine
+from coordinator_free.families.averaging.node import gossip
+from coordinator_free.families.learning import protocol as lp
+
+
+def rounds(ctx, plan, task, node: int, streams, corr=None):
+    """The round loop (a generator): returns an :class:`Outcome` with the node's model after
+    every round. ``corr`` (DECOR): ``term(r)`` is the round's correlated noise, ``after_round(r,
+    ctx)`` its pair bookkeeping."""
+    theta = task.model.init()
+    models = [theta]
+    K = plan.gossip_steps
+    for r in range(plan.rounds):
+        term = corr.term(r) if corr is not None else None
+        thetahat = lp.local_step(plan, task, node, r, theta, streams, term)
+        theta = yield from gossip(ctx, plan, node, r * K, K, thetahat)
+        if corr is not None:
+            corr.after_round(r, ctx)
+        models.append(theta)
+    return Outcome(theta, models)
+
+
+def program(cfg, plan, node: int, streams):
+    def run(ctx):
+        task = lp.make_task(cfg, plan.n)
+        return (yield from rounds(ctx, plan, task, node, streams))
+
+    return run
+
+
+def step_engine(cfg, plan, node: int, program) -> StepEngine:
+    """The step engine of a learning node (decentralized protocols)."""
+    return StepEngine(
+        node=node,
+        neighbours=plan.neighbours(node),
+        steps=plan.steps,
+        deadline=cfg.network.deadline_s,
+        log_values=cfg.log.values,
+        dim=plan.dim,
+        program=program,
+        partners_at=lambda t: plan.partners_at(node, t),
+    )
+
+
+def engine(cfg, plan, node: int, streams) -> StepEngine:
+    return step_engine(cfg, plan, node, program(cfg, plan, node, streams))

@@ -1,0 +1,85 @@
+"""The keys of the learning protocols (checked only when one of them is selected; DECOR and the
+model-carrying token protocols check them too)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from coordinator_free.checks import CLIPPINGS, MODEL_KINDS, PARTITIONS, int_or_auto
+from coordinator_free.errors import ConfigError
+from coordinator_free.ml.datasets import DATASET_KINDS
+
+
+def validate_learning(cfg, s: str) -> None:
+    """Keys of the learning protocols (checked only when one of them is selected)."""
+    pr, d, m = cfg.protocol, cfg.data, cfg.model
+    if d.kind not in DATASET_KINDS:
+        raise ConfigError(
+            f"{s}: protocol {pr.name!r} learns from a dataset: data.kind must be one of "
+            f"{', '.join(DATASET_KINDS)}, got {d.kind!r}"
+        )
+    if not 1 <= pr.rounds <= 100_000:
+        raise ConfigError(f"{s}: protocol.rounds must be in 1..100000, got {pr.rounds}")
+    int_or_auto(s, "protocol.gossip_steps", pr.gossip_steps, 10_000)
+    if not 0 < pr.step_size <= 1e6:
+        raise ConfigError(f"{s}: protocol.step_size must be in (0, 1e6], got {pr.step_size}")
+    if not 0 <= pr.batch_size <= 10_000_000:
+        raise ConfigError(f"{s}: protocol.batch_size must be >= 0 (0: the whole local shard)")
+    if pr.name == "muffliato-sgd" and pr.batch_size < 1:
+        raise ConfigError(
+            f"{s}: muffliato-sgd samples a minibatch every round: set protocol.batch_size >= 1 "
+            "(or use muffliato-gd for full local gradients)"
+        )
+    if pr.name == "muffliato-gd" and pr.batch_size:
+        raise ConfigError(
+            f"{s}: muffliato-gd uses each node's whole shard every round; for minibatches of "
+            f"protocol.batch_size = {pr.batch_size} use muffliato-sgd (or leave batch_size at 0)"
+        )
+    if not 0 < pr.clip < 1e150:
+        raise ConfigError(f"{s}: protocol.clip must be > 0 (the per-example L2 clipping norm C)")
+    if pr.clipping not in CLIPPINGS:
+        raise ConfigError(
+            f"{s}: protocol.clipping {pr.clipping!r} unknown; choose one of {', '.join(CLIPPINGS)} "
+            "(clip every example's gradient, or the batch's mean gradient)"
+        )
+    if d.kind == "quadratic" and d.partition != "ordered":
+        raise ConfigError(
+            f'{s}: data.kind = "quadratic" gives node v its own quadratic (rows v*dim..): set '
+            f'data.partition = "ordered" (got {d.partition!r})'
+        )
+    if d.kind in ("csv", "libsvm"):
+        if not d.path:
+            raise ConfigError(f'{s}: data.path is required for data.kind = "{d.kind}"')
+        if not Path(d.path).is_file():
+            raise ConfigError(f"{s}: data.path {d.path} is not a file")
+    if not 2 <= d.samples <= 10_000_000:
+        raise ConfigError(f"{s}: data.samples must be in 2..10000000, got {d.samples}")
+    if not 1 <= d.features <= 100_000:
+        raise ConfigError(f"{s}: data.features must be in 1..100000, got {d.features}")
+    if not 0 <= d.label_noise <= 1e6:
+        raise ConfigError(f"{s}: data.label_noise must be >= 0, got {d.label_noise}")
+    if not 0 < d.test_fraction < 1:
+        raise ConfigError(f"{s}: data.test_fraction must be in (0, 1), got {d.test_fraction}")
+    if d.task not in ("classification", "regression"):
+        raise ConfigError(
+            f'{s}: data.task must be "classification" or "regression", got {d.task!r}'
+        )
+    if d.partition not in PARTITIONS:
+        raise ConfigError(
+            f"{s}: data.partition {d.partition!r} unknown; choose one of {', '.join(PARTITIONS)}"
+        )
+    if not 0 < d.beta < 1e6:
+        raise ConfigError(f"{s}: data.beta (Dirichlet concentration) must be > 0, got {d.beta}")
+    if d.partition == "fixed":
+        if d.per_node is None or d.per_node < 1:
+            raise ConfigError(
+                f'{s}: data.partition = "fixed" needs data.per_node >= 1 (points per node)'
+            )
+    if m.kind not in MODEL_KINDS:
+        raise ConfigError(
+            f"{s}: model.kind {m.kind!r} unknown; choose one of {', '.join(MODEL_KINDS)}"
+        )
+    if not 0 <= m.l2 < 1e6:
+        raise ConfigError(f"{s}: model.l2 must be >= 0, got {m.l2}")
+    if m.kind == "ridge" and m.l2 <= 0:
+        raise ConfigError(f'{s}: model.kind = "ridge" needs model.l2 > 0')
