@@ -220,9 +220,9 @@ def _figure(width: float, height: float):
 
 def _save(fig, path: Path) -> None:
     """Write atomically; no 'Software' metadata so identical plots give identical bytes."""
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, format="png", dpi=DPI, metadata={"Software": None})
-    tmp.replace(path)
+    rundir.atomic_write(
+        path, lambda f: fig.savefig(f, format="png", dpi=DPI, metadata={"Software": None})
+    )
     fig.clear()
 
 

@@ -25,6 +25,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from coordinator_free import rundir
+
 PURPOSE_DATA = 1
 PURPOSE_NOISE = 2
 PURPOSE_BATCH = 3  # minibatch sampling of the learning protocols
@@ -108,7 +110,7 @@ def streams_of_run(run_dir, n: int) -> PerNodeStreams:
     from coordinator_free import roster as roster_mod
 
     run_dir = Path(run_dir)
-    ros = roster_mod.load_roster(run_dir / "roster.json")
+    ros = roster_mod.load_roster(rundir.roster_path(run_dir))
     return PerNodeStreams(
         {
             v: NodeSecretStreams(

@@ -617,10 +617,9 @@ class ViewLogWriter:
 
 
 def value_digest(value) -> str:
-    """The digest a view log records for a vector (send/recv records): the first 128 bits of
-    SHA-256 over its float64 bytes, in hex. The sender and the receiver of a value compute it
+    """The digest a view log records for a vector (send, recv, token records): the first 128
+    bits of SHA-256 over its bytes, in hex. The sender and the receiver of a value compute it
     alike, so the auditor can match what was sent with what was received."""
     import numpy as np
 
-    arr = np.ascontiguousarray(np.asarray(value, dtype=np.float64))
-    return hashlib.sha256(arr.tobytes()).hexdigest()[:32]
+    return hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()[:32]

@@ -1,4 +1,4 @@
-"""The error root and its exit codes, the run-directory module (paths and atomic writes), and
+"""One error root with exit codes, the run-directory contract (paths and atomic writes), and
 the boundaries of the CLI package (nothing outside it imports it; it knows no protocol by name)."""
 
 from __future__ import annotations
@@ -14,9 +14,89 @@ import pytest
 import coordinator_free
 from coordinator_free import cli, errors, rundir
 from coordinator_free.cli import common
+from coordinator_free.errors import CfreeError, ConfigError
+from tests.netrun import cfree_run_json
 
 PKG = Path(coordinator_free.__file__).parent
-EXAMPLES = PKG.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def test_user_facing_errors_share_one_root_and_keep_their_old_bases():
+    from coordinator_free.accounting.audit import AuditError
+    from coordinator_free.cluster.local import LaunchError
+    from coordinator_free.config import ConfigError as ConfigErrorFromConfig
+    from coordinator_free.graphs import GraphError
+    from coordinator_free.roster import KeyFileError, RosterError
+    from coordinator_free.viewlog import ViewLogError
+
+    assert ConfigErrorFromConfig is ConfigError
+    for cls, base in [
+        (ConfigError, ValueError),
+        (RosterError, ValueError),
+        (KeyFileError, ValueError),
+        (ViewLogError, ValueError),
+        (GraphError, ValueError),
+        (AuditError, RuntimeError),
+        (LaunchError, RuntimeError),
+    ]:
+        assert issubclass(cls, CfreeError) and issubclass(cls, base), cls
+        assert cls.exit_code == 2
+
+
+def test_main_turns_each_error_into_its_exit_code_and_one_line(capsys, tmp_path):
+    assert cli.main(["plan", "--set", "graph.nodez=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cfree plan: error: ") and "graph.nodez" in err
+    assert "Traceback" not in err
+    assert cli.main(["audit", str(tmp_path)]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+
+
+def test_atomic_write_replaces_whole_files_and_leaves_nothing_behind(tmp_path):
+    path = tmp_path / "summary.json"
+    rundir.write_json(path, {"a": 1})
+    assert json.loads(path.read_text()) == {"a": 1}
+
+    def fails(f):
+        f.write(b'{"half":')
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        rundir.atomic_write(path, fails)
+    assert json.loads(path.read_text()) == {"a": 1}  # the old content, never a torn file
+    with pytest.raises(TypeError):
+        rundir.write_json(path, {"x": object()})  # serialised first: nothing written
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+
+    arr = np.arange(6.0).reshape(2, 3)
+    rundir.write_npy(tmp_path / "m.npy", arr)
+    assert np.array_equal(np.load(tmp_path / "m.npy"), arr)
+    rundir.write_text(tmp_path / "k", "secret", mode=0o600)
+    assert (tmp_path / "k").stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k", "m.npy", "summary.json"]
+
+
+def test_the_paths_are_where_a_real_run_writes(tmp_path):
+    out = tmp_path / "run"
+    cfree_run_json(
+        EXAMPLES / "muffliato-ring.toml",
+        ["graph.nodes=4", "protocol.steps=3", "protocol.accelerated=false"],
+        out,
+    )
+    for path in (
+        rundir.config_path(out),
+        rundir.roster_path(out),
+        rundir.summary_path(out),
+        rundir.audit_path(out),
+    ):
+        assert path.is_file(), path
+    for v in range(4):
+        assert rundir.log_path(out, v).is_file()
+        assert rundir.stderr_path(out, v).is_file()
+        assert json.loads(rundir.result_path(out, v).read_text())["node"] == v
+    left = [p for p in out.rglob("*") if p.name.startswith(".") or p.suffix == ".tmp"]
+    assert left == []
 
 
 # ---------------------------------------------------------------------------------- exit codes
@@ -188,50 +268,6 @@ def test_an_interrupted_write_removes_its_temporary(tmp_path):
 
 
 # ------------------------------------------------------------------------ the run directory
-
-
-def _layout(out: Path, n: int) -> set[Path]:
-    expected = {
-        rundir.config_path(out),
-        rundir.roster_path(out),
-        rundir.summary_path(out),
-        rundir.audit_path(out),
-    }
-    for v in range(n):
-        expected |= {
-            rundir.key_path(rundir.keys_dir(out), v),
-            rundir.log_path(out, v),
-            rundir.stderr_path(out, v),
-            rundir.result_path(out, v),
-        }
-    return expected
-
-
-def test_rundir_paths_are_what_a_real_run_writes(tmp_path, capsys):
-    out = tmp_path / "run"
-    n = 4
-    assert cli.main(["run", "--out", str(out), "--quiet", "--set", f"graph.nodes={n}"]) == 0
-    capsys.readouterr()
-    files = {p for p in out.rglob("*") if p.is_file()}
-    assert files == _layout(out, n)
-    assert {p.name for p in out.iterdir()} == {
-        rundir.CONFIG,
-        rundir.ROSTER,
-        rundir.KEYS,
-        rundir.LOGS,
-        rundir.RESULTS,
-        rundir.SUMMARY,
-        rundir.AUDIT,
-    }
-    summary = json.loads(rundir.summary_path(out).read_text())
-    assert summary["run_dir"] == str(out)
-    assert json.loads(rundir.audit_path(out).read_text())["n"] == n
-    # The other modules that name these files agree with it.
-    from coordinator_free import roster
-    from coordinator_free.families.learning.protocol import models_path
-
-    assert roster.key_path(rundir.keys_dir(out), 2) == rundir.key_path(rundir.keys_dir(out), 2)
-    assert models_path(out, 3) == rundir.models_path(out, 3)
 
 
 def test_rundir_paths_of_a_curator_run(tmp_path, capsys):

@@ -254,6 +254,7 @@ def test_interrupting_cfree_run_stops_every_peer(tmp_path, sig):
     assert _processes_mentioning(str(out)) == []
 
 
+@pytest.mark.slow  # about 40 s of process lifecycle; runs in CI's slow suite
 def test_peers_stop_when_their_launcher_is_killed(tmp_path):
     """SIGKILL leaves the launcher no chance to clean up: the peers notice it is gone (their
     progress pipe breaks) and stop on their own instead of running on as orphans."""

@@ -286,6 +286,47 @@ def test_cut_link_reroutes_the_token(name):
             assert x["peer"] in (a, b) and x["reason"] == "peer-down"
 
 
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("name", list(WALKS))
+def test_delayed_hand_offs_within_the_deadline_change_nothing(name, seed):
+    """Latency below the deadline, out of order across links: every hop is acknowledged in
+    time, so the walk is the simulator's, bit for bit."""
+    cfg = cfg_of(name)
+    run = run_config(cfg, Faults(delay=(0.001, 0.3 * DEADLINE), reorder=True), seed=seed)
+    assert_equals_simulator(cfg, run)
+    assert not any(res["missed"] for res in run.results.values())
+
+
+@pytest.mark.parametrize("name", list(WALKS))
+def test_hand_offs_later_than_the_deadline_reroute_and_end(name):
+    """Every message takes longer than the deadline: no hand-off is acknowledged in time, each
+    is re-routed or the walk ends, and the run still ends within its bound with every node
+    finished and every walk ended by a named outcome."""
+    cfg = cfg_of(name)
+    run = run_config(cfg, Faults(delay=1.5 * DEADLINE), seed=0)
+    assert_bounded_and_named(cfg, run, allowed=("finished",))
+    ends = {}
+    for res in run.results.values():
+        ends.update(res["walks"]["ended"])
+    assert ends and all(
+        e["how"] in ("completed", "lost", "stuck", "timeout") for e in ends.values()
+    )
+    reroutes = [x for res in run.results.values() for x in res["missed"]]
+    assert reroutes and all(x["reason"] in ("deadline", "peer-down") for x in reroutes)
+
+
+def test_cut_ring_link_leaves_the_token_stuck_with_a_named_end():
+    """On the ring there is no other next hop: a cut link ends the walk ``stuck`` at the node
+    before the cut, and everyone still finishes."""
+    cfg = cfg_of("ring-sum")
+    run = run_config(cfg, Faults(partitions=[(2, 3, 0.0005, None)]), seed=0)
+    assert_bounded_and_named(cfg, run, allowed=("finished",))
+    ends = {}
+    for res in run.results.values():
+        ends.update(res["walks"]["ended"])
+    assert ends and all(e["how"] == "stuck" and e["at"] == 2 for e in ends.values()), ends
+
+
 def test_in_memory_runs_are_deterministic_from_the_seed():
     cfg = cfg_of("muffliato")
     f = Faults(drop=0.1, duplicate=0.1, delay=(0.001, 0.5), reorder=True)

@@ -156,7 +156,15 @@ CASES = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=sorted(CASES))
+#: Real-process runs in the default suite: one sum on each graph. The others run with -m slow;
+#: the in-memory network (tests/test_memnet.py) covers every token protocol in the quick suite.
+QUICK = ("ring-sum", "complete-sum")
+
+
+@pytest.fixture(
+    scope="module",
+    params=[n if n in QUICK else pytest.param(n, marks=pytest.mark.slow) for n in sorted(CASES)],
+)
 def walk_run(request, tmp_path_factory):
     name = request.param
     out = tmp_path_factory.mktemp(name) / "run"

@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 
 from coordinator_free import config as config_mod
+from coordinator_free import rundir
 from coordinator_free.accounting.core import (  # noqa: F401  (the accounting API in one place)
     BUDGETS,
     METHODS,
@@ -30,7 +31,7 @@ from coordinator_free.families import family_of
 
 def load_run(run_dir: Path):
     """The config and the public plan of a run directory."""
-    cfg_path = Path(run_dir) / "config.toml"
+    cfg_path = rundir.config_path(run_dir)
     if not cfg_path.is_file():
         raise AuditError(f"{run_dir} is not a run directory: no config.toml")
     cfg = config_mod.load(cfg_path)

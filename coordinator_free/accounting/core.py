@@ -15,13 +15,13 @@ builds on it, and ``accounting.audit`` reaches the families through the registry
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from coordinator_free import rundir
 from coordinator_free.errors import AuditError
 from coordinator_free.privacy import rdp as rdp_mod
 from coordinator_free.viewlog import read_viewlog
@@ -73,7 +73,7 @@ def read_logs(run_dir: Path, plan, integrity: list[dict]) -> dict:
     expected_params = plan.public_params()
     logs = {}
     for v in range(plan.n):
-        path = run_dir / "logs" / f"node-{v}.vlog"
+        path = rundir.log_path(run_dir, v)
         if not path.exists():
             integrity.append(
                 {"node": v, "kind": "missing-log", "message": f"{path} does not exist"}
@@ -123,15 +123,14 @@ def _run_id(run_dir: Path) -> str | None:
     from coordinator_free.roster import RosterError, load_roster
 
     try:
-        return load_roster(run_dir / "roster.json").run_id
+        return load_roster(rundir.roster_path(run_dir)).run_id
     except (OSError, RosterError):
         return None
 
 
 def write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    tmp.replace(path)
+    """A report as JSON, written atomically (rundir.write_json)."""
+    rundir.write_json(path, obj)
 
 
 def budget_factor(F: np.ndarray, budget: str) -> tuple[float, int, int]:

@@ -31,7 +31,7 @@ from pathlib import Path
 from coordinator_free import config as config_mod
 from coordinator_free import roster as roster_mod
 from coordinator_free import rundir
-from coordinator_free.errors import CfreeError, exit_code_of
+from coordinator_free.errors import CfreeError
 
 IMAGE = "coordinator-free-peer:latest"
 PORT = 7000
@@ -61,9 +61,9 @@ def node_count(cfg: config_mod.Config) -> int:
     """The number of peers the config runs; a trusted-curator config has none to place."""
     from coordinator_free.families import family_of
 
-    family = family_of(cfg.protocol.name)
-    plan = family.make_plan(cfg)
-    if not family.has_peers(cfg):
+    fam = family_of(cfg.protocol.name)
+    plan = fam.make_plan(cfg)
+    if not fam.has_peers(cfg):
         raise ComposeError(
             f"protocol {cfg.protocol.name} is the trusted-curator baseline: one process, no "
             "peers to run as containers (use cfree run)"
@@ -85,7 +85,7 @@ def render(
     n: int,
     *,
     describe: str,
-    config_file: str = "config.toml",
+    config_file: str = rundir.CONFIG,
     files_dir: str | None = None,
     run_dir: str = "./run",
     build_context: str | None = ".",
@@ -175,7 +175,7 @@ def write_compose(
     out_dir: Path,
     *,
     file_name: str = "docker-compose.yml",
-    config_file: str = "config.toml",
+    config_file: str = rundir.CONFIG,
     run_dir: str = "./run",
     port: int = PORT,
     force: bool = False,
@@ -266,7 +266,7 @@ def keygen_role(
     # mount every peer and the host see), then each goes to the volume of its node only.
     keys_root.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(prefix=".keygen-", dir=keys_root))
-    ros = roster_mod.generate_keys(n, rundir.keys_dir(staged), hosts=hosts, name=cfg.run.name)
+    ros = roster_mod.generate_keys(n, staged / "keys", hosts=hosts, name=cfg.run.name)
     try:
         for i in range(n):
             dest_dir = keys_root / str(i)
@@ -277,31 +277,32 @@ def keygen_role(
             for old in dest_dir.glob("node-*.key"):
                 old.unlink()
             shutil.move(
-                str(rundir.key_path(rundir.keys_dir(staged), i)), roster_mod.key_path(dest_dir, i)
+                str(roster_mod.key_path(staged / "keys", i)), roster_mod.key_path(dest_dir, i)
             )
     finally:
         shutil.rmtree(staged, ignore_errors=True)
     # The run directory is self-contained: the files the config uses go in with it, so the
     # host (or anyone the directory is handed to) can audit it with `cfree audit`.
-    portable, files = config_mod.portable_config(cfg, rundir.FILES)
+    portable, files = config_mod.portable_config(cfg, "files")
     for name, src in files.items():
         (run_dir / name).parent.mkdir(exist_ok=True)
         shutil.copyfile(src, run_dir / name)
-    rundir.write_text(rundir.config_path(run_dir), portable.to_toml())
-    rundir.make_dirs(run_dir)
+    (rundir.config_path(run_dir)).write_text(portable.to_toml())
+    rundir.logs_dir(run_dir).mkdir(exist_ok=True)
+    rundir.results_dir(run_dir).mkdir(exist_ok=True)
     roster_mod.save_roster(roster_path, ros)
     return ros
 
 
 def audit_role(run_dir: Path = Path(RUN_MOUNT)) -> dict:
     """The auditor service: replay the logs, write ``audit.json`` beside them, print the report."""
-    from coordinator_free.accounting.audit import audit_run
-    from coordinator_free.families import family_of
+    from coordinator_free.accounting.audit import audit_run, write_json
+    from coordinator_free.accounting.render import print_audit as _print_audit
 
     rep = audit_run(run_dir)
-    rundir.write_json(rundir.audit_path(run_dir), rep)
-    family_of(rep["protocol"]).print_audit(rep)
-    print(f"wrote {rundir.audit_path(run_dir)}")
+    write_json(rundir.audit_path(run_dir), rep)
+    _print_audit(rep)
+    print(f"wrote {run_dir / 'audit.json'}")
     return rep
 
 
@@ -328,14 +329,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             audit_role()
     except (
-        CfreeError,
+        ComposeError,
         AuditError,
         config_mod.ConfigError,
         roster_mod.RosterError,
         OSError,
     ) as exc:
         print(f"cfree {args.role}: {exc}", file=sys.stderr)
-        return exit_code_of(exc) or 2
+        return 2
     return 0
 
 

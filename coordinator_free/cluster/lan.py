@@ -45,7 +45,7 @@ from pathlib import Path, PurePosixPath
 
 from coordinator_free import rundir
 from coordinator_free.config import portable_config
-from coordinator_free.errors import CfreeError, exit_code_of
+from coordinator_free.errors import CfreeError
 
 DEFAULT_PORT = 7000
 DEFAULT_REMOTE_DIR = "/opt/cfree/run"
@@ -323,11 +323,10 @@ def plan_deployment(
 
     from coordinator_free import roster as roster_mod
     from coordinator_free.config import NAME_CHARS
-    from coordinator_free.families import family_of
+    from coordinator_free.families import family_of, make_plan
 
-    family = family_of(cfg.protocol.name)
-    plan = family.make_plan(cfg)
-    if not family.has_peers(cfg):
+    plan = make_plan(cfg)
+    if not family_of(cfg.protocol.name).has_peers(cfg):
         raise LanError(
             f"{cfg.protocol.name} is the trusted-curator baseline: it runs in one process "
             "(cfree run), not as peers on several machines"
@@ -551,8 +550,8 @@ def _host_readme(node, ros, cfg, hosts, user, extra, generate_keys) -> str:
     i, d = node.id, node.remote_dir
     unit = f"cfree-peer-{i}.service"
     files = [
-        ("config.toml", "the run's configuration (the same on every host)"),
-        ("roster.json", "the public roster: every node's address and public key"),
+        (rundir.CONFIG, "the run's configuration (the same on every host)"),
+        (rundir.ROSTER, "the public roster: every node's address and public key"),
         *((name, "a file the config refers to") for name in sorted(extra)),
         ("start.sh", "the exact command that starts this node's peer"),
         (unit, "the same command as a systemd unit"),
@@ -631,7 +630,7 @@ def _collect_sh(nodes, ros, user, extra) -> str:
         f"user=${{CFREE_SSH_USER-{user}}}",
         "mkdir -p run/logs run/results",
         "cp "
-        + " ".join(shlex.quote(n) for n in ["config.toml", "roster.json", *sorted(extra)])
+        + " ".join(shlex.quote(n) for n in [rundir.CONFIG, rundir.ROSTER, *sorted(extra)])
         + " run/",
         "failed=0",
         "fetch() {  # fetch HOST REMOTE_FILE LOCAL_DIR",
@@ -644,8 +643,10 @@ def _collect_sh(nodes, ros, user, extra) -> str:
     for n in nodes:
         d = PurePosixPath(n.remote_dir)
         host = shlex.quote(_scp_host(n.host))
-        lines.append(f"fetch {host} {shlex.quote(str(rundir.log_path(d, n.id)))} run/logs")
-        lines.append(f"fetch {host} {shlex.quote(str(rundir.result_path(d, n.id)))} run/results")
+        lines.append(f"fetch {host} {shlex.quote(str(d / 'logs' / f'node-{n.id}.vlog'))} run/logs")
+        lines.append(
+            f"fetch {host} {shlex.quote(str(d / 'results' / f'node-{n.id}.json'))} run/results"
+        )
     lines += [
         'if [ "$failed" = 1 ]; then',
         '    echo "collect.sh: some files are missing; cfree audit reports them as integrity '
@@ -712,7 +713,7 @@ def write_deployment(dep: Deployment, out: str | os.PathLike) -> None:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
     try:
         roster_mod.save_roster(rundir.roster_path(tmp), dep.roster)
-        rundir.config_path(tmp).write_text(dep.config_text)
+        (rundir.config_path(tmp)).write_text(dep.config_text)
         for name, src in dep.extra_files.items():
             shutil.copyfile(src, tmp / name)
         _write_exec(tmp / "collect.sh", dep.collect_sh)
@@ -768,6 +769,10 @@ def make_keypair(out_dir: str | os.PathLike) -> tuple[bytes, bool]:
     except OSError as exc:
         raise LanError(f"cannot write key file {path}: {exc.strerror or exc}") from None
     return roster_mod.public_bytes(key), True
+
+
+def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
+    rundir.write_text(path, text, mode=mode)
 
 
 # --------------------------------------------------------------------------------------------
@@ -900,7 +905,7 @@ def add_parsers(sub) -> None:
 
 def _fail(command: str, exc: Exception) -> int:
     print(f"cfree {command}: error: {exc}", file=sys.stderr)
-    return exit_code_of(exc) or 2
+    return 2
 
 
 def _errors():
@@ -908,7 +913,7 @@ def _errors():
     from coordinator_free.graphs import GraphError
     from coordinator_free.roster import RosterError
 
-    return (CfreeError, ConfigError, GraphError, RosterError)
+    return (LanError, ConfigError, GraphError, RosterError)
 
 
 def cmd_keypair(args) -> int:
@@ -925,7 +930,7 @@ def cmd_keypair(args) -> int:
     line = public.hex() if address is None else f"{address} {public.hex()}"
     pub_path = Path(args.out) / PUB_FILE
     try:
-        rundir.write_text(pub_path, line + "\n")
+        _atomic_write(pub_path, line + "\n")
     except OSError as exc:
         return _fail("keypair", LanError(f"cannot write {pub_path}: {exc.strerror or exc}"))
     key_path = Path(args.out) / KEY_FILE
@@ -985,8 +990,8 @@ def cmd_roster(args) -> int:
     out = Path(args.out)
     summary = {
         "out": str(out),
-        "roster": str(out / "roster.json"),
-        "config": str(out / "config.toml"),
+        "roster": str(rundir.roster_path(out)),
+        "config": str(rundir.config_path(out)),
         "collect": str(out / "collect.sh"),
         "run_id": dep.roster.run_id,
         "name": dep.roster.name,

@@ -43,7 +43,7 @@ from coordinator_free.families.learning.protocol import models_path
 
 
 class LaunchError(CfreeError, RuntimeError):
-    """Peers cannot be launched (a run directory in use, a port, a missing roster): exit 2."""
+    pass
 
 
 @dataclass
@@ -75,7 +75,7 @@ def prepare_run_dir(cfg: Config, out_dir: Path) -> None:
     if out_dir.exists() and any(out_dir.iterdir()):
         raise LaunchError(f"run directory {out_dir} already exists and is not empty")
     out_dir.mkdir(parents=True, exist_ok=True)
-    rundir.write_text(rundir.config_path(out_dir), cfg.to_toml())
+    (rundir.config_path(out_dir)).write_text(cfg.to_toml())
 
 
 def check_loopback(host: str) -> None:
@@ -220,7 +220,7 @@ def peer_argv(out_dir: Path, node: int) -> list[str]:
         sys.executable, "-m", "coordinator_free", "peer",
         "--config", str(rundir.config_path(out_dir)),
         "--roster", str(rundir.roster_path(out_dir)),
-        "--key", str(rundir.key_path(rundir.keys_dir(out_dir), node)),
+        "--key", str(roster_mod.key_path(out_dir / "keys", node)),
         "--id", str(node),
         "--out", str(out_dir),
         "--progress-fd", "1",
@@ -340,7 +340,7 @@ async def launch_peers(
     socks = bind_sockets(cfg.network.host, n, cfg.network.base_port)
     try:
         hosts = [(cfg.network.host, s.getsockname()[1]) for s in socks]
-        ros = roster_mod.generate_keys(n, rundir.keys_dir(out_dir), hosts=hosts, name=cfg.run.name)
+        ros = roster_mod.generate_keys(n, out_dir / "keys", hosts=hosts, name=cfg.run.name)
         roster_mod.save_roster(rundir.roster_path(out_dir), ros)
 
         def with_socket(i: int, argv: list[str]) -> tuple[list[str], tuple[int, ...]]:
@@ -378,7 +378,7 @@ def _stderr_tail(path: Path, lines: int = 5) -> str:
 
 def _node_result(out_dir: Path, v: int) -> dict | None:
     try:
-        return json.loads(rundir.result_path(out_dir, v).read_text())
+        return json.loads((rundir.result_path(out_dir, v)).read_text())
     except (OSError, ValueError):
         return None
 
@@ -428,7 +428,7 @@ def collect_learning_results(cfg: Config, out_dir: Path) -> dict:
     if histories:
         stacked = np.stack([histories[v] for v in sorted(histories)], axis=1)  # (R+1, n', dim)
         metrics = [lp.round_metrics(task, r, stacked[r]) for r in range(stacked.shape[0])]
-        write_jsonl(out_dir / "metrics.jsonl", metrics)
+        write_jsonl(rundir.metrics_path(out_dir), metrics)
     return {
         "protocol": plan.protocol,
         "rounds": plan.rounds,
@@ -500,5 +500,5 @@ def collect_results(cfg: Config, out_dir: Path) -> dict:
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
-    """One JSON object per line, written atomically (see :mod:`coordinator_free.rundir`)."""
+    """One JSON object per line, written atomically (rundir.write_jsonl)."""
     rundir.write_jsonl(path, rows)

@@ -49,7 +49,7 @@ from coordinator_free import roster as roster_mod
 from coordinator_free import rundir
 from coordinator_free.cluster.local import LaunchError, LocalRun, supervise_peers
 from coordinator_free.config import Config
-from coordinator_free.families import family_of
+from coordinator_free.families import family_of, make_plan
 
 DEFAULT_NAME = "cfree"
 DEFAULT_SUBNET = "10.213.0.0/16"
@@ -600,10 +600,9 @@ async def launch_peers_in_lab(
     ``on_event(node, event, pid)`` is called for every progress event a peer reports; ``pid`` is
     the peer's own process.
     """
-    family = family_of(cfg.protocol.name)
-    plan = family.make_plan(cfg)
+    plan = make_plan(cfg)
     n = plan.n
-    if not family.has_peers(cfg):
+    if not family_of(cfg.protocol.name).has_peers(cfg):
         raise LabError(
             f"{cfg.protocol.name} is the trusted-curator baseline: one process, no peers to "
             "place on lab hosts (use cfree run)"
@@ -623,7 +622,7 @@ async def launch_peers_in_lab(
     if not 0 < port < 65536:
         raise LabError(f"port {port} is not in 1..65535")
     hosts = [(lab.ip(i), port) for i in range(n)]
-    ros = roster_mod.generate_keys(n, rundir.keys_dir(out_dir), hosts=hosts, name=cfg.run.name)
+    ros = roster_mod.generate_keys(n, out_dir / "keys", hosts=hosts, name=cfg.run.name)
     roster_mod.save_roster(rundir.roster_path(out_dir), ros)
     return await supervise_peers(
         cfg,

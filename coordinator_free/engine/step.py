@@ -27,7 +27,6 @@ Exchange rules (the behaviour the view logs and the auditor rely on):
 
 from __future__ import annotations
 
-import hashlib
 from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ from coordinator_free.engine.events import (
     PeerUp,
 )
 from coordinator_free.net.wire import Message
+from coordinator_free.viewlog import value_digest
 
 # How long after a neighbour's channel went down we keep waiting for it at step deadlines (the
 # transport redials meanwhile), in units of the step deadline. Past that a down neighbour is
@@ -53,8 +53,8 @@ from coordinator_free.net.wire import Message
 DOWN_GRACE_DEADLINES = 2.0
 
 
-def digest(arr: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()[:32]
+#: The digest every view-log record of a value carries (one definition, in viewlog).
+digest = value_digest
 
 
 # ---------------------------------------------------------------------------------- requests
@@ -421,3 +421,18 @@ __all__ = [
     "WaitUntil",
     "digest",
 ]
+
+
+def engine_for(cfg, plan, node: int, program: Callable[[StepEngine], Program]) -> StepEngine:
+    """The step engine of ``node`` running ``program`` over a plan's steps and partners, with
+    the run's deadline and logging options (every gossip family builds its engine so)."""
+    return StepEngine(
+        node=node,
+        neighbours=plan.neighbours(node),
+        steps=plan.steps,
+        deadline=cfg.network.deadline_s,
+        log_values=cfg.log.values,
+        dim=plan.dim,
+        program=program,
+        partners_at=lambda t: plan.partners_at(node, t),
+    )

@@ -85,18 +85,6 @@ class Family:
         """One line that says what a run of this config is about to do."""
         return f"starting {plan.n} peers: {cfg.protocol.name} on {cfg.graph.kind}"
 
-    def print_plan(self, rep: dict) -> None:
-        raise NotImplementedError(f"{self.name}: print_plan")
-
-    def print_audit(self, rep: dict) -> None:
-        raise NotImplementedError(f"{self.name}: print_audit")
-
-    def print_calibration(self, rep: dict) -> None:
-        raise NotImplementedError(f"{self.name}: print_calibration")
-
-    def print_summary(self, summary: dict, audit: dict | None) -> None:
-        raise NotImplementedError(f"{self.name}: print_summary")
-
     def __repr__(self) -> str:
         return f"<family {self.name}: {', '.join(self.protocols)}>"
 

@@ -60,13 +60,13 @@ from __future__ import annotations
 import csv
 import math
 import os
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from coordinator_free import rundir
 from coordinator_free.errors import CfreeError
 
 DATASET_KINDS = (
@@ -519,14 +519,7 @@ def save_shard(path: str | os.PathLike[str], X: np.ndarray, y: np.ndarray) -> No
     )
     _check_shard(X, y, str(path))
     target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, X=X, y=y, format=np.array(SHARD_FORMAT))
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    rundir.atomic_write(target, lambda fh: np.savez(fh, X=X, y=y, format=np.array(SHARD_FORMAT)))
 
 
 def load_shard(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:

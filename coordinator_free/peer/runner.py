@@ -25,14 +25,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from coordinator_free import roster as roster_mod
-from coordinator_free import seeds
+from coordinator_free import rundir, seeds
 from coordinator_free.config import Config
 from coordinator_free.engine.events import Finish, Log, PeerDown, Send
 from coordinator_free.engine.events import Progress as ProgressAction
-from coordinator_free.engine.step import digest  # noqa: F401 (peer.runner.digest, used by the audit)
 from coordinator_free.families import family_of
 from coordinator_free.net.transport import PeerNet
 from coordinator_free.viewlog import ViewLogWriter
@@ -121,10 +118,10 @@ async def run_peer(
     neighbours = plan.neighbours(node_id)
     deadline = cfg.network.deadline_s
 
-    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
-    (out_dir / "results").mkdir(parents=True, exist_ok=True)
+    rundir.logs_dir(out_dir).mkdir(parents=True, exist_ok=True)
+    rundir.results_dir(out_dir).mkdir(parents=True, exist_ok=True)
     vlog = ViewLogWriter(
-        out_dir / "logs" / f"node-{node_id}.vlog",
+        rundir.log_path(out_dir, node_id),
         run_id=roster.run_id,
         node=node_id,
         params=node_params(cfg, plan, node_id),
@@ -157,12 +154,7 @@ async def run_peer(
         result = PeerResult(**finish.result, **traffic(net), channels=channels)
         if finish.models is not None:
             # The node's own model after every round: its output, never sent or logged.
-            from coordinator_free.families.learning.protocol import models_path
-
-            final_models = models_path(out_dir, node_id)
-            tmp_models = final_models.with_suffix(".tmp.npy")
-            np.save(tmp_models, finish.models, allow_pickle=False)
-            tmp_models.replace(final_models)
+            rundir.write_npy(rundir.models_path(out_dir, node_id), finish.models)
         write_result(out_dir, result)
         progress.emit(event="finished", node=node_id, elapsed_s=time.monotonic() - t_start)
         return result
@@ -267,10 +259,7 @@ def traffic(net) -> dict:
 
 def write_result(out_dir: Path, result: PeerResult) -> None:
     """results/node-<id>.json, written to a temporary file and renamed into place."""
-    final = out_dir / "results" / f"node-{result.node}.json"
-    tmp = final.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result.to_json(), indent=1))
-    tmp.replace(final)
+    rundir.write_json(rundir.result_path(out_dir, result.node), result.to_json())
 
 
 def listen_socket(spec: str) -> socket.socket:

@@ -381,7 +381,7 @@ def replay(run_dir: Path, plan: mf.MuffliatoPlan) -> Replay:
 
 
 def _digest(value: np.ndarray) -> str:
-    return value_digest(value)
+    return value_digest(np.asarray(value, dtype=np.float64))
 
 
 def audit_run(run_dir: Path, cfg, plan, observers: list[int] | None = None) -> dict:

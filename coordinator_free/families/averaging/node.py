@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from coordinator_free.engine.step import Exchange, Outcome, StepEngine
+from coordinator_free.engine.step import Exchange, Outcome, StepEngine, engine_for
 from coordinator_free.families.averaging import protocol as mf
 
 
@@ -45,13 +45,4 @@ def program(cfg, plan, node: int, streams):
 
 
 def engine(cfg, plan, node: int, streams) -> StepEngine:
-    return StepEngine(
-        node=node,
-        neighbours=plan.neighbours(node),
-        steps=plan.steps,
-        deadline=cfg.network.deadline_s,
-        log_values=cfg.log.values,
-        dim=plan.dim,
-        program=program(cfg, plan, node, streams),
-        partners_at=lambda t: plan.partners_at(node, t),
-    )
+    return engine_for(cfg, plan, node, program(cfg, plan, node, streams))

@@ -193,7 +193,7 @@ def replay_rounds(run_dir: Path, plan, integrity: list[dict], notes: list[dict])
     logs = read_logs(run_dir, plan, integrity)
     # The checks every family gets: unfinished logs, impossible records, values received that
     # their sender never logged sending, or logged differently.
-    scan_exchanges(logs, plan, integrity, value_digest)
+    scan_exchanges(logs, plan, integrity, lambda x: value_digest(np.asarray(x, np.float64)))
     for v, vl in logs.items():
         for rec in vl.records:
             k = rec["k"]

@@ -4,7 +4,7 @@ averaging). DECOR plugs its correlated noise in through ``corr``."""
 
 from __future__ import annotations
 
-from coordinator_free.engine.step import Outcome, StepEngine
+from coordinator_free.engine.step import Outcome, StepEngine, engine_for
 from coordinator_free.families.averaging.node import gossip
 from coordinator_free.families.learning import protocol as lp
 
@@ -36,16 +36,7 @@ def program(cfg, plan, node: int, streams):
 
 def step_engine(cfg, plan, node: int, program) -> StepEngine:
     """The step engine of a learning node (decentralized protocols)."""
-    return StepEngine(
-        node=node,
-        neighbours=plan.neighbours(node),
-        steps=plan.steps,
-        deadline=cfg.network.deadline_s,
-        log_values=cfg.log.values,
-        dim=plan.dim,
-        program=program,
-        partners_at=lambda t: plan.partners_at(node, t),
-    )
+    return engine_for(cfg, plan, node, program)
 
 
 def engine(cfg, plan, node: int, streams) -> StepEngine:

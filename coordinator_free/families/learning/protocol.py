@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import networkx as nx
 import numpy as np
 
-from coordinator_free import graphs, seeds
+from coordinator_free import graphs, rundir, seeds
 from coordinator_free.errors import ConfigError
 from coordinator_free.families.averaging import protocol as mf
 from coordinator_free.ml import datasets, models
@@ -181,7 +181,7 @@ def round_graphs(cfg: Config, rounds: int) -> list[nx.Graph]:
 
 def models_path(out_dir: str | Path, v: int) -> Path:
     """Where node v writes its model after every round (read by the launcher and the tests)."""
-    return Path(out_dir) / "results" / f"node-{v}.models.npy"
+    return rundir.models_path(out_dir, v)
 
 
 def auto_gossip_steps(lam: float, n: int, accelerated: bool) -> int:

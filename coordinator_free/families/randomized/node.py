@@ -4,7 +4,7 @@ deadline), never overtaken."""
 
 from __future__ import annotations
 
-from coordinator_free.engine.step import Exchange, Outcome, StepEngine, WaitUntil
+from coordinator_free.engine.step import Exchange, Outcome, StepEngine, WaitUntil, engine_for
 from coordinator_free.families.averaging.node import start_value
 from coordinator_free.families.randomized import protocol as rg
 
@@ -43,13 +43,4 @@ def program(cfg, plan, node: int, streams, used=None):
 
 
 def engine(cfg, plan, node: int, streams) -> StepEngine:
-    return StepEngine(
-        node=node,
-        neighbours=plan.neighbours(node),
-        steps=plan.steps,
-        deadline=cfg.network.deadline_s,
-        log_values=cfg.log.values,
-        dim=plan.dim,
-        program=program(cfg, plan, node, streams),
-        partners_at=lambda t: plan.partners_at(node, t),
-    )
+    return engine_for(cfg, plan, node, program(cfg, plan, node, streams))

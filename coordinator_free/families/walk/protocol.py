@@ -30,7 +30,6 @@ streams) compute bit-identical tokens whatever order the tokens interleave in.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -41,6 +40,7 @@ import numpy as np
 from coordinator_free import graphs, seeds
 from coordinator_free.errors import ConfigError
 from coordinator_free.families.averaging import protocol as mf
+from coordinator_free.viewlog import value_digest
 
 if TYPE_CHECKING:
     from coordinator_free.config import Config
@@ -378,8 +378,8 @@ def estimate(plan: WalkPlan, tau: np.ndarray) -> np.ndarray:
     return (tau - plan.init_items / L - g * N / L) / (1.0 - g)
 
 
-def digest(arr: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()[:32]
+#: The digest every view-log record of a value carries (one definition, in viewlog).
+digest = value_digest
 
 
 @dataclass
