@@ -31,3 +31,26 @@ class ConfigError(CfreeError, ValueError):
 
 class AuditError(CfreeError, RuntimeError):
     """A run directory, log or request the auditor cannot work with."""
+
+
+class InputError(CfreeError):
+    """Something given to a command cannot be used (exit 2)."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class RunError(CfreeError):
+    """A run or an audit that was started and failed (exit 1)."""
+
+    exit_code = EXIT_FAILED
+
+
+class UsageError(InputError, ValueError):
+    """A command-line argument or a combination of them that cannot be used."""
+
+
+def exit_code_of(exc: BaseException) -> int | None:
+    """The exit code an exception stands for, or None if it is not one of ``cfree``'s."""
+    if isinstance(exc, CfreeError):
+        return exc.exit_code
+    return None

@@ -1,18 +1,42 @@
-"""``cfree audit``: the losses every observer experienced, from a run directory's view logs."""
+"""`cfree audit`: replay a finished run's view logs into per-pair losses."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from coordinator_free.accounting.render import print_audit as _print_audit
 from coordinator_free.cli.common import _emit
+from coordinator_free.families import family_of
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "audit",
+        help="replay a finished run's view logs and compute the per-pair losses",
+        description="Rebuild the schedule that really happened (missed deadlines, late messages) "
+        "from the view logs of RUN_DIR, then compute every observer's loss about every source "
+        "with both methods, and check the logs' integrity.",
+    )
+    p.add_argument("run_dir", type=Path, help="run directory written by `cfree run`")
+    p.add_argument("--observer", type=int, action="append", help="only this observer (repeatable)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 if any log is missing, damaged, unfinished or inconsistent",
+    )
+
+
+def print_audit(rep: dict) -> None:
+    """The full audit report, rendered by the family of the protocol it audited."""
+    family_of(rep["protocol"]).print_audit(rep)
 
 
 def cmd_audit(args) -> int:
     from coordinator_free.accounting.audit import audit_run
 
     rep = audit_run(args.run_dir, observers=args.observer)
-    _emit(args, rep, _print_audit)
+    _emit(args, rep, print_audit)
     if args.strict and rep["integrity"]:
         print(
             f"cfree audit: {len(rep['integrity'])} integrity finding(s) (--strict)", file=sys.stderr

@@ -1,4 +1,4 @@
-"""``cfree compose``: a docker-compose file for any config."""
+"""`cfree compose`: a docker-compose cluster for a config."""
 
 from __future__ import annotations
 
@@ -6,7 +6,42 @@ import json
 from pathlib import Path
 
 from coordinator_free import config as config_mod
-from coordinator_free.cli.common import CliError
+from coordinator_free.cli.common import CliError, add_config_args
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "compose",
+        help="write a docker-compose cluster for a config (keygen, one service per peer, auditor)",
+        description="Write DIR/docker-compose.yml and the config its containers read "
+        "(DIR/config.toml, plus copies of any graph or data file under DIR/files). Then "
+        "`docker compose -f DIR/docker-compose.yml up --build` (or docker-compose v1) runs the "
+        "whole experiment: a one-shot keygen service, one peer service per node on a bridge "
+        "network (each mounting only its own key volume), and an auditor that writes audit.json "
+        "next to the logs in DIR/run (or $CFREE_RUN_DIR). Without a registry, build the base "
+        "image from Debian's packages first: see docs/deploy.md.",
+    )
+    add_config_args(p)
+    p.add_argument(
+        "--dir",
+        type=Path,
+        help="where to write the compose file and config (default: compose/<run.name>)",
+    )
+    p.add_argument("--file", default="docker-compose.yml", help="compose file name in DIR")
+    p.add_argument(
+        "--config-file",
+        default="config.toml",
+        help="where the containers' config goes, relative to DIR (default: config.toml)",
+    )
+    p.add_argument(
+        "--run-dir",
+        default="./run",
+        help="host directory for logs, results and the audit, relative to DIR (default: ./run; "
+        "CFREE_RUN_DIR overrides it when the cluster starts)",
+    )
+    p.add_argument("--port", type=int, default=7000, help="port every peer listens on (7000)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing compose file")
+    p.add_argument("--json", action="store_true", help="print what was written as JSON")
 
 
 def cmd_compose(args) -> int:

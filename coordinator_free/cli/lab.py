@@ -164,7 +164,7 @@ def cmd_lab(args) -> int:
         return _ACTIONS[args.lab_command](args)
     except LaunchError as exc:
         print(f"cfree lab {args.lab_command}: error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
 
 
 # ------------------------------------------------------------------------------------ actions
@@ -175,7 +175,7 @@ def _name_opt(name: str) -> str:
 
 
 def _hosts_table(rows: list[dict], extra: tuple[str, ...] = ()) -> str:
-    from coordinator_free.accounting.render import table as _table
+    from coordinator_free.cli.common import _table
 
     return _table(
         ["node", "namespace", "address", *extra],
@@ -331,18 +331,14 @@ def _restore_links(lab: netns.Lab, schedule: LinkSchedule, already_cut: list[int
 def _run(args) -> int:
     from coordinator_free import config as config_mod
     from coordinator_free.cli.common import _cancel_on_sigterm
-    from coordinator_free.cli.run import (
-        _print_run_summary,
-        _run_banner,
-        save_summary,
-        simulator_diff,
-    )
+    from coordinator_free.cli.run import save_summary, simulator_diff
     from coordinator_free.cluster import local
-    from coordinator_free.families import family_of, make_plan
+    from coordinator_free.families import family_of
 
     cfg = config_mod.load(args.config, args.set)
-    plan = make_plan(cfg)
-    if not family_of(cfg.protocol.name).has_peers(cfg):
+    family = family_of(cfg.protocol.name)
+    plan = family.make_plan(cfg)
+    if not family.has_peers(cfg):
         raise netns.LabError(
             f"{cfg.protocol.name} is the trusted-curator baseline: one process, no peers to place "
             "on lab hosts (use cfree run)"
@@ -379,7 +375,7 @@ def _run(args) -> int:
             )
             if already_cut:
                 print(f"note: the link of node(s) {already_cut} is cut", file=sys.stderr)
-            print(_run_banner(cfg, plan), file=sys.stderr)
+            print(family.banner(cfg, plan), file=sys.stderr)
         run = asyncio.run(
             _cancel_on_sigterm(
                 netns.launch_peers_in_lab(
@@ -395,7 +391,7 @@ def _run(args) -> int:
 
     results = local.collect_results(cfg, out)
     finished = [r for r in results["nodes"] if r["finished"]]
-    roster = json.loads((rundir.roster_path(out)).read_text())
+    roster = json.loads(rundir.roster_path(out).read_text())
     summary = {
         "run_dir": str(out),
         "wall_s": run.wall_s,
@@ -437,7 +433,7 @@ def _run(args) -> int:
             )
         if audit is not None and not audit["fault_free"]:
             print("  the run was not fault-free: the audit below is of the schedule that happened")
-        _print_run_summary(summary, audit)
+        family.print_summary(summary, audit)
     for d in schedule.never_fired():
         print(
             f"cfree lab run: --{d['action']} {d['node']}@{d['at_step']} never applied (node "

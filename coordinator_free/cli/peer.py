@@ -1,6 +1,32 @@
-"""``cfree peer``: run one node (what every launcher starts)."""
+"""`cfree peer`: run one node (what the launchers start per node)."""
 
 from __future__ import annotations
+
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "peer",
+        help="run ONE node (what `cfree run` starts per node; use it on LAN hosts or containers)",
+        description="Run a single peer: load its private key, dial its graph neighbours from the "
+        "roster, run the protocol and write its view log and result under --out.",
+    )
+    p.add_argument("--config", required=True, help="experiment config (TOML)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--roster", required=True, type=Path, help="public roster (roster.json)")
+    p.add_argument("--key", required=True, type=Path, help="this node's private key file")
+    p.add_argument("--id", required=True, type=int, help="this node's id in the roster")
+    p.add_argument("--out", required=True, type=Path, help="run directory for logs/ and results/")
+    p.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        help="bind this address instead of the roster's (e.g. 0.0.0.0:7000 in a container or "
+        "behind NAT, where the roster lists the name others dial)",
+    )
+    p.add_argument("--listen-fd", type=int, help="inherited listening socket (set by the launcher)")
+    p.add_argument("--progress-fd", type=int, help="write JSON-lines progress events to this fd")
+    p.add_argument("-v", "--verbose", action="store_true")
 
 
 def cmd_peer(args) -> int:

@@ -266,7 +266,7 @@ def keygen_role(
     # mount every peer and the host see), then each goes to the volume of its node only.
     keys_root.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(prefix=".keygen-", dir=keys_root))
-    ros = roster_mod.generate_keys(n, staged / "keys", hosts=hosts, name=cfg.run.name)
+    ros = roster_mod.generate_keys(n, rundir.keys_dir(staged), hosts=hosts, name=cfg.run.name)
     try:
         for i in range(n):
             dest_dir = keys_root / str(i)
@@ -277,7 +277,7 @@ def keygen_role(
             for old in dest_dir.glob("node-*.key"):
                 old.unlink()
             shutil.move(
-                str(roster_mod.key_path(staged / "keys", i)), roster_mod.key_path(dest_dir, i)
+                str(rundir.key_path(rundir.keys_dir(staged), i)), roster_mod.key_path(dest_dir, i)
             )
     finally:
         shutil.rmtree(staged, ignore_errors=True)

@@ -622,7 +622,7 @@ async def launch_peers_in_lab(
     if not 0 < port < 65536:
         raise LabError(f"port {port} is not in 1..65535")
     hosts = [(lab.ip(i), port) for i in range(n)]
-    ros = roster_mod.generate_keys(n, out_dir / "keys", hosts=hosts, name=cfg.run.name)
+    ros = roster_mod.generate_keys(n, rundir.keys_dir(out_dir), hosts=hosts, name=cfg.run.name)
     roster_mod.save_roster(rundir.roster_path(out_dir), ros)
     return await supervise_peers(
         cfg,

@@ -30,8 +30,6 @@ class Family:
     clocks: bool = False
     #: Whether the protocol adds pairwise-correlated noise (``privacy.sigma_cor``, collusion).
     correlated_noise: bool = False
-    #: What the plan's ``steps`` count, in words (printed beside a calibration).
-    step_unit: str = "exchange steps"
 
     # ------------------------------------------------------------------ what kind of protocol
 
@@ -89,3 +87,21 @@ class Family:
 
     def __repr__(self) -> str:
         return f"<family {self.name}: {', '.join(self.protocols)}>"
+
+    # ------------------------------------------------------------------ rendering of runs
+
+    def print_audit_compact(self, audit: dict) -> None:
+        """The audit as a run summary ends with it: pairwise eps by graph distance."""
+        raise NotImplementedError(f"{self.name}: print_audit_compact")
+
+    def simulator_diff(self, cfg, plan, run_dir: Path, results: dict, streams) -> float | None:
+        """max |networked run - simulator| given the run's node streams (None when nothing
+        finished); may annotate ``results`` with the simulator's verdict."""
+        raise NotImplementedError(f"{self.name}: simulator_diff")
+
+    def simulation(self, cfg, streams) -> dict:
+        """``cfree simulate --json``: the reference simulator's outcome."""
+        raise NotImplementedError(f"{self.name}: simulation")
+
+    def print_simulation(self, out: dict) -> None:
+        raise NotImplementedError(f"{self.name}: print_simulation")
