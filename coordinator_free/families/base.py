@@ -85,8 +85,21 @@ class Family:
         """One line that says what a run of this config is about to do."""
         return f"starting {plan.n} peers: {cfg.protocol.name} on {cfg.graph.kind}"
 
-    def __repr__(self) -> str:
-        return f"<family {self.name}: {', '.join(self.protocols)}>"
+    def print_plan(self, rep: dict) -> None:
+        """``cfree plan``: the plan report for people."""
+        raise NotImplementedError(f"{self.name}: print_plan")
+
+    def print_audit(self, rep: dict) -> None:
+        """``cfree audit``: the audit report for people."""
+        raise NotImplementedError(f"{self.name}: print_audit")
+
+    def print_calibration(self, rep: dict) -> None:
+        """``cfree plan --target-eps``: the calibration for people."""
+        raise NotImplementedError(f"{self.name}: print_calibration")
+
+    def print_summary(self, summary: dict, audit: dict | None) -> None:
+        """``cfree run``: the run summary (and the audit's verdict) for people."""
+        raise NotImplementedError(f"{self.name}: print_summary")
 
     # ------------------------------------------------------------------ rendering of runs
 
@@ -105,3 +118,6 @@ class Family:
 
     def print_simulation(self, out: dict) -> None:
         raise NotImplementedError(f"{self.name}: print_simulation")
+
+    def __repr__(self) -> str:
+        return f"<family {self.name}: {', '.join(self.protocols)}>"
