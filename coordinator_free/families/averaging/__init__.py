@@ -7,10 +7,11 @@ from coordinator_free.families import catalog
 from coordinator_free.families.base import Family
 
 
-class GossipAccounting:
-    """Plan, audit and calibration of the protocols built on gossip steps (averaging,
-    randomized gossip, learning): the exact joint-view accountant and the papers' formulas of
-    ``families/averaging/accountant.py``."""
+class Gossip:
+    """What the protocols built on gossip steps (averaging, randomized gossip, learning) share:
+    plan, audit and calibration by the exact joint-view accountant and the papers' formulas
+    (``families/averaging/accountant.py``), and the gossip rendering
+    (``families/averaging/render.py``), which a family overrides where it prints more."""
 
     def plan_report(self, cfg, plan, *, source, method):
         from coordinator_free.families.averaging import accountant
@@ -28,36 +29,6 @@ class GossipAccounting:
         return accountant.calibrate(
             cfg, target_eps, method=method, budget=budget, make_plan=self.make_plan
         )
-
-
-class Averaging(GossipAccounting, Family):
-    name = "averaging"
-    protocols = catalog.AVERAGING
-
-    def validate(self, cfg, source):
-        from coordinator_free.families.averaging.validate import validate_values
-
-        validate_values(cfg, source)
-
-    def banner(self, cfg, plan):
-        from coordinator_free.families.averaging.render import banner
-
-        return banner(cfg, plan)
-
-    def make_plan(self, cfg):
-        from coordinator_free.families.averaging.protocol import make_plan
-
-        return make_plan(cfg)
-
-    def node_engine(self, cfg, plan, node, streams):
-        from coordinator_free.families.averaging.node import engine
-
-        return engine(cfg, plan, node, streams)
-
-    def simulate(self, cfg, plan=None, streams=None, **opts):
-        from coordinator_free.families.averaging.simulate import simulate
-
-        return simulate(cfg, plan, streams, **opts)
 
     # -------------------------------------------------------------- rendering (CLI output)
 
@@ -102,6 +73,38 @@ class Averaging(GossipAccounting, Family):
         from coordinator_free.families.averaging import render
 
         render.print_simulation(out)
+
+
+class Averaging(Gossip, Family):
+    name = "averaging"
+    protocols = catalog.AVERAGING
+
+    def validate(self, cfg, source):
+        from coordinator_free.families.averaging.validate import validate_values
+
+        validate_values(cfg, source)
+
+    def banner(self, cfg, plan):
+        from coordinator_free.families.averaging.render import banner
+
+        return banner(cfg, plan)
+
+    def make_plan(self, cfg):
+        from coordinator_free.families.averaging.protocol import make_plan
+
+        return make_plan(cfg)
+
+    def node_engine(self, cfg, plan, node, streams):
+        from coordinator_free.families.averaging.node import engine
+
+        return engine(cfg, plan, node, streams)
+
+    def simulate(self, cfg, plan=None, streams=None, **opts):
+        from coordinator_free.families.averaging.simulate import simulate
+
+        return simulate(cfg, plan, streams, **opts)
+
+    # -------------------------------------------------------------- rendering (CLI output)
 
 
 FAMILY = Averaging()

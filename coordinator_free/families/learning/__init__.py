@@ -4,11 +4,11 @@ curator baseline (no peers)."""
 from __future__ import annotations
 
 from coordinator_free.families import catalog
-from coordinator_free.families.averaging import GossipAccounting
+from coordinator_free.families.averaging import Gossip
 from coordinator_free.families.base import Family
 
 
-class Learning(GossipAccounting, Family):
+class Learning(Gossip, Family):
     name = "learning"
     protocols = catalog.LEARNING
 
@@ -54,21 +54,6 @@ class Learning(GossipAccounting, Family):
         from coordinator_free.families.learning import render
 
         render.print_plan(rep)
-
-    def print_audit(self, rep: dict) -> None:
-        from coordinator_free.families.averaging import render
-
-        render.print_audit(rep)
-
-    def print_audit_compact(self, audit: dict) -> None:
-        from coordinator_free.families.averaging import render
-
-        render.print_audit_compact(audit)
-
-    def print_calibration(self, rep: dict) -> None:
-        from coordinator_free.families.averaging import render
-
-        render.print_calibration(rep)
 
     def print_summary(self, summary: dict, audit: dict | None) -> None:
         from coordinator_free.families.learning import render

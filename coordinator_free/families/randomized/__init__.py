@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from coordinator_free.families import catalog
-from coordinator_free.families.averaging import GossipAccounting
+from coordinator_free.families.averaging import Gossip
 from coordinator_free.families.base import Family
 
 
-class Randomized(GossipAccounting, Family):
+class Randomized(Gossip, Family):
     name = "randomized"
     protocols = catalog.RANDOMIZED
 
@@ -44,43 +44,6 @@ class Randomized(GossipAccounting, Family):
         from coordinator_free.families.randomized import render
 
         render.print_plan(rep)
-
-    def print_audit(self, rep: dict) -> None:
-        from coordinator_free.families.averaging import render
-
-        render.print_audit(rep)
-
-    def print_audit_compact(self, audit: dict) -> None:
-        from coordinator_free.families.averaging import render
-
-        render.print_audit_compact(audit)
-
-    def print_calibration(self, rep: dict) -> None:
-        from coordinator_free.families.averaging import render
-
-        render.print_calibration(rep)
-
-    def print_summary(self, summary: dict, audit: dict | None) -> None:
-        from coordinator_free.families.averaging import render
-
-        render.print_summary(summary, audit)
-
-    def simulator_diff(self, cfg, plan, run_dir, results: dict, streams) -> float | None:
-        from coordinator_free.families.averaging import render
-
-        return render.simulator_diff(
-            cfg, plan, run_dir, results, lambda: self.simulate(cfg, None, streams)
-        )
-
-    def simulation(self, cfg, streams) -> dict:
-        from coordinator_free.families.averaging import render
-
-        return render.simulation(cfg, self.simulate(cfg, None, streams))
-
-    def print_simulation(self, out: dict) -> None:
-        from coordinator_free.families.averaging import render
-
-        render.print_simulation(out)
 
 
 FAMILY = Randomized()
