@@ -32,11 +32,6 @@ from coordinator_free.ml.datasets import (
     DATASET_KINDS,  # numpy only; scikit-learn is imported on use
 )
 
-#: The protocol names by kind (the families' catalogue; the registry is families.family_of).
-AVERAGING_PROTOCOLS = catalog.AVERAGING + catalog.RANDOMIZED
-LEARNING_PROTOCOLS = catalog.LEARNING_ALL
-WALK_PROTOCOLS = catalog.WALK
-PROTOCOLS = catalog.ALL
 DEFAULT_CONFIG = Path(__file__).parent / "examples" / "muffliato-ring.toml"
 DATA_KINDS = VALUE_KINDS + CATEGORY_KINDS + DATASET_KINDS
 #: Graph kinds that graph.resample can draw afresh every round.
@@ -180,16 +175,6 @@ class Config:
                 lines.append(f"{k} = {_toml_value(v)}")
             lines.append("")
         return "\n".join(lines)
-
-    @property
-    def learning(self) -> bool:
-        """True for the protocols that learn a model from data shards."""
-        return self.family.learns(self)
-
-    @property
-    def walk(self) -> bool:
-        """True for the token-forwarding protocols."""
-        return self.family.walks(self)
 
     @property
     def sensitivity(self) -> float:
@@ -535,6 +520,6 @@ def validate(cfg: Config) -> None:
     if pr.clipping != "example" and not fam.learns(cfg):
         raise ConfigError(
             f"{s}: protocol.clipping applies to the learning protocols "
-            f"({', '.join(LEARNING_PROTOCOLS)}) only"
+            f"({', '.join(catalog.LEARNING_ALL)}) only"
         )
     fam.validate(cfg, s)
