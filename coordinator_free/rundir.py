@@ -14,6 +14,7 @@ write their logs and results in it), the auditor (which reads it back) and ``cfr
     metrics.jsonl                 (learning) quality of the node-average model per round
     summary.json                  what ``cfree run`` printed, as JSON
     audit.json                    the auditor's report
+    faults.json                   the faults declared for the run and those injected, when
 
 Spelling these names once means a rename cannot leave a reader looking in the old place.
 Every file a reader may open while a run is going (or after a crash) is written atomically:
@@ -99,6 +100,10 @@ def summary_path(run_dir: str | os.PathLike) -> Path:
 
 def audit_path(run_dir: str | os.PathLike) -> Path:
     return Path(run_dir) / AUDIT
+
+
+def faults_path(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / "faults.json"
 
 
 def make_dirs(run_dir: str | os.PathLike) -> None:
