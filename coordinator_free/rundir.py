@@ -14,7 +14,7 @@ write their logs and results in it), the auditor (which reads it back) and ``cfr
     metrics.jsonl                 (learning) quality of the node-average model per round
     summary.json                  what ``cfree run`` printed, as JSON
     audit.json                    the auditor's report
-    faults.json                   the faults declared for the run and those injected, when
+    faults.json                   the faults declared for the run, and when each was injected
 
 Spelling these names once means a rename cannot leave a reader looking in the old place.
 Every file a reader may open while a run is going (or after a crash) is written atomically:
