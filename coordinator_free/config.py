@@ -147,6 +147,12 @@ class LogSection:
 
 
 @dataclass(frozen=True)
+class FaultsSection:
+    # Fault specs (coordinator_free.faults), e.g. ["kill:3@5", "drop:0.01"]; --fault appends.
+    inject: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Config:
     run: RunSection = field(default_factory=RunSection)
     graph: GraphSection = field(default_factory=GraphSection)
@@ -156,6 +162,7 @@ class Config:
     privacy: PrivacySection = field(default_factory=PrivacySection)
     network: NetworkSection = field(default_factory=NetworkSection)
     log: LogSection = field(default_factory=LogSection)
+    faults: FaultsSection = field(default_factory=FaultsSection)
     source: str = "<defaults>"
 
     def to_dict(self) -> dict[str, Any]:
@@ -164,7 +171,12 @@ class Config:
             if f.name == "source":
                 continue
             sec = getattr(self, f.name)
-            out[f.name] = {k: v for k, v in dataclasses.asdict(sec).items() if v is not None}
+            values = {k: v for k, v in dataclasses.asdict(sec).items() if v is not None}
+            if f.name == "faults":
+                if not sec.inject:
+                    continue  # no faults: the section is left out (older readers never knew it)
+                values = {"inject": list(sec.inject)}
+            out[f.name] = values
         return out
 
     def to_toml(self) -> str:
@@ -184,6 +196,13 @@ class Config:
         if self.privacy.sensitivity is not None:
             return float(self.privacy.sensitivity)
         return self.family.sensitivity(self)
+
+    @property
+    def fault_plan(self):
+        """The declared faults, parsed (coordinator_free.faults.FaultPlan)."""
+        from coordinator_free import faults as faults_mod
+
+        return faults_mod.plan_of(self.faults.inject, f"{self.source}: faults.inject")
 
     @property
     def family(self):
@@ -214,6 +233,7 @@ SECTIONS: dict[str, type] = {
     "privacy": PrivacySection,
     "network": NetworkSection,
     "log": LogSection,
+    "faults": FaultsSection,
 }
 
 
@@ -227,6 +247,8 @@ def _toml_value(v: Any) -> str:
     if isinstance(v, str):
         escaped = v.replace("\\", "\\\\").replace('"', '\\"')
         return f'"{escaped}"'
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     raise ConfigError(f"cannot write value {v!r}")
 
 
@@ -260,6 +282,10 @@ def parse_override(text: str) -> tuple[str, str, Any]:
 
 def _check_type(where: str, key: str, value: Any, ftype: Any) -> Any:
     t = str(ftype)
+    if t.startswith("tuple[str"):
+        if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+            raise ConfigError(f"{where}: {key} must be a list of strings, got {value!r}")
+        return tuple(value)
     allowed: list[type] = []
     if "bool" in t:
         allowed.append(bool)
@@ -344,8 +370,13 @@ def portable_config(cfg: Config, subdir: str = "") -> tuple[Config, dict[str, Pa
     return dataclasses.replace(cfg, graph=graph, data=data), files
 
 
-def load(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Load a TOML config (None: the built-in default) and apply ``--set`` overrides."""
+def load(
+    path: str | Path | None,
+    overrides: list[str] | tuple[str, ...] = (),
+    faults: list[str] | tuple[str, ...] = (),
+) -> Config:
+    """Load a TOML config (None: the built-in default), apply ``--set`` overrides and append
+    ``--fault`` specs to ``faults.inject``."""
     if path is None:
         path = DEFAULT_CONFIG
         source = "<built-in default>"
@@ -382,8 +413,18 @@ def load(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -
         if not isinstance(data[section], dict):
             raise ConfigError(f"override {ov!r}: [{section}] is not a table")
         data[section][key] = value
+    if faults:
+        sec = data.setdefault("faults", {})
+        if not isinstance(sec, dict):
+            raise ConfigError(f"{source}: [faults] must be a table")
+        have = sec.get("inject", [])
+        if not isinstance(have, list):
+            raise ConfigError(f"{source}: faults.inject must be a list of strings, got {have!r}")
+        sec["inject"] = [*have, *faults]
     if overrides:
         source = f"{source} (with --set {' '.join(overrides)})"
+    if faults:
+        source = f"{source} (with --fault {' '.join(faults)})"
     return from_dict(data, source=source)
 
 
@@ -523,3 +564,13 @@ def validate(cfg: Config) -> None:
             f"({', '.join(catalog.LEARNING_ALL)}) only"
         )
     fam.validate(cfg, s)
+    if cfg.faults.inject:
+        from coordinator_free import faults as faults_mod
+
+        faults_mod.check(
+            cfg.fault_plan,
+            cfg.graph_n(),
+            f"{s}: faults.inject",
+            dropout_ok=fam.dropout(cfg),
+            protocol=pr.name,
+        )

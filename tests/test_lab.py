@@ -288,10 +288,14 @@ class _FakeLab:
 
 
 def test_cut_schedule_fires_once_at_or_after_its_step_in_step_order():
+    """The lab's cuts and heals go through the launcher's fault schedule: each fires once, at
+    the first report of its node at or past its step, heals after cuts of the same step."""
+    from coordinator_free import faults
+    from coordinator_free.cluster.faultsched import FaultSchedule
+
     fake = _FakeLab()
-    s = lab_cli.LinkSchedule(
-        fake, [("heal", 1, 4), ("cut", 1, 2), ("cut", 2, 0), ("heal", 5, 1), ("cut", 3, 9)], False
-    )
+    fp = faults.plan_of(["heal:1@4", "cut:1@2", "cut:2@0", "heal:5@1", "cut:3@9"])
+    s = FaultSchedule(fp, global_steps=False, cut=fake.cut, heal=fake.heal)
     s(2, {"event": "connected"}, 0)
     s(1, {"event": "step", "step": 1}, 0)
     s(1, {"event": "listening", "step": 7}, 0)  # not progress
@@ -301,13 +305,14 @@ def test_cut_schedule_fires_once_at_or_after_its_step_in_step_order():
     s(1, {"event": "step", "step": 6}, 0)
     s(5, {"event": "step", "step": 1}, 0)
     assert fake.calls == [("cut", 2), ("cut", 1), ("heal", 1)]
-    assert [(d["action"], d["node"], d["reported_step"]) for d in s.done] == [
+    assert [(d["fault"], d["node"], d["step"]) for d in s.injected] == [
         ("cut", 2, 0),
         ("cut", 1, 3),
         ("heal", 1, 6),
     ]
-    assert s.errors == ["heal failed"]
-    assert s.never_fired() == [{"action": "cut", "node": 3, "at_step": 9}]
+    assert s.errors == ["heal:5@1: heal failed"]
+    assert s.never_fired() == ["cut:3@9"]
+    assert [d["action"] for d in lab_cli._link_changes(s)] == ["cut", "cut", "heal"]
 
 
 def test_cut_option_must_be_node_at_step(capsys):

@@ -34,6 +34,15 @@ def add_config_args(p: argparse.ArgumentParser, optional: bool = True) -> None:
         metavar="SECTION.KEY=VALUE",
         help="override a config key, e.g. --set graph.nodes=16 (repeatable; value parsed as TOML)",
     )
+    p.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="inject a fault (repeatable; appended to the config's faults.inject): kill:N@STEP, "
+        "stop:N@STEP+SECONDS, cut:N@STEP, heal:N@STEP, nan:N@STEP, drop:P, duplicate:P, "
+        "delay:MS, corrupt:P, dropout:P; see docs/faults.md",
+    )
 
 
 # The name the lab command (and older callers) know it by.

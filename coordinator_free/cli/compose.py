@@ -47,7 +47,7 @@ def add_parser(sub) -> None:
 def cmd_compose(args) -> int:
     from coordinator_free.cluster import compose
 
-    cfg = config_mod.load(args.config, args.set)
+    cfg = config_mod.load(args.config, args.set, args.fault)
     out_dir = args.dir if args.dir is not None else Path("compose") / cfg.run.name
     if not 1 <= args.port <= 65535:
         raise CliError(f"--port {args.port} is not in 1..65535")

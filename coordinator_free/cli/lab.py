@@ -271,55 +271,20 @@ def _heal(args) -> int:
     return 0
 
 
-class LinkSchedule:
-    """``on_event`` for a lab run: cuts and heals links when a node reports a given step.
-
-    ``actions``: (action, node, step) with action "cut" or "heal". An action fires at the first
-    progress event of ``node`` at or past ``step`` ("connected" counts as step 0); actions on
-    the same node fire in step order. What happened is kept in ``done``; failures in
-    ``errors`` (the run goes on)."""
-
-    def __init__(self, lab: netns.Lab, actions: list[tuple[str, int, int]], announce: bool):
-        self.lab = lab
-        self.pending = sorted(actions, key=lambda a: (a[2], a[0] == "heal"))
-        self.done: list[dict] = []
-        self.errors: list[str] = []
-        self.announce = announce
-        self.t0 = time.monotonic()
-
-    def __call__(self, node: int, ev: dict, pid: int) -> None:
-        kind = ev.get("event")
-        if kind == "connected":
-            step = 0
-        elif kind == "step":
-            step = int(ev.get("step", 0))
-        else:
-            return
-        for act in [a for a in self.pending if a[1] == node and step >= a[2]]:
-            self.pending.remove(act)
-            action, _, at = act
-            try:
-                getattr(self.lab, action)(node)
-            except netns.LabError as exc:
-                self.errors.append(str(exc))
-                continue
-            t = time.monotonic() - self.t0
-            self.done.append({"action": action, "node": node, "at_step": at,
-                              "reported_step": step, "t_s": round(t, 3)})  # fmt: skip
-            if self.announce:
-                sys.stderr.write(
-                    ("\r" if sys.stderr.isatty() else "")
-                    + f"  lab: {action} node {node}'s link (it reported step {step}, {t:.1f}s)\n"
-                )
-
-    def never_fired(self) -> list[dict]:
-        return [{"action": a, "node": v, "at_step": s} for a, v, s in self.pending]
+def _link_changes(schedule) -> list[dict]:
+    """The cuts and heals the run made, as the lab summary lists them."""
+    return [
+        {"action": d["fault"], "node": d["node"], "at_step": int(d["spec"].rsplit("@", 1)[1]),
+         "reported_step": d["step"], "t_s": d["t_s"]}
+        for d in schedule.injected
+        if d["fault"] in ("cut", "heal")
+    ]  # fmt: skip
 
 
-def _restore_links(lab: netns.Lab, schedule: LinkSchedule, already_cut: list[int]) -> None:
+def _restore_links(lab: netns.Lab, schedule, already_cut: list[int]) -> None:
     """Leave a lab that outlives the run as the run found it: a link the run cut (and did not
     heal) is healed again."""
-    last = {d["node"]: d["action"] for d in schedule.done}
+    last = {d["node"]: d["action"] for d in _link_changes(schedule)}
     for v, action in sorted(last.items()):
         if action == "cut" and v not in already_cut:
             try:
@@ -331,11 +296,18 @@ def _restore_links(lab: netns.Lab, schedule: LinkSchedule, already_cut: list[int
 def _run(args) -> int:
     from coordinator_free import config as config_mod
     from coordinator_free.cli.common import _cancel_on_sigterm
-    from coordinator_free.cli.run import save_summary, simulator_diff
+    from coordinator_free.cli.run import (
+        conclude,
+        fault_schedule,
+        print_problems,
+        save_summary,
+        simulator_diff,
+    )
     from coordinator_free.cluster import local
     from coordinator_free.families import family_of
 
-    cfg = config_mod.load(args.config, args.set)
+    flags = [f"cut:{v}@{s}" for v, s in args.cut] + [f"heal:{v}@{s}" for v, s in args.heal]
+    cfg = config_mod.load(args.config, args.set, [*args.fault, *flags])
     family = family_of(cfg.protocol.name)
     plan = family.make_plan(cfg)
     if not family.has_peers(cfg):
@@ -343,12 +315,9 @@ def _run(args) -> int:
             f"{cfg.protocol.name} is the trusted-curator baseline: one process, no peers to place "
             "on lab hosts (use cfree run)"
         )
-    actions = [("cut", v, s) for v, s in args.cut] + [("heal", v, s) for v, s in args.heal]
-    for action, v, s in actions:
-        if v >= plan.n:
-            raise netns.LabError(f"--{action} {v}@{s}: the config has nodes 0..{plan.n - 1}")
-        if s > plan.steps:
-            raise netns.LabError(f"--{action} {v}@{s}: the run has {plan.steps} steps")
+    for f in cfg.fault_plan.at_steps():
+        if f.step > plan.steps:
+            raise netns.LabError(f"--fault {f.spec}: the run has {plan.steps} steps")
     netns.check_environment()
     lab = netns.load(args.name)
     if lab is not None and lab.n < plan.n:
@@ -361,7 +330,7 @@ def _run(args) -> int:
     temporary = lab is None
     if temporary:
         lab = netns.up(plan.n, args.name, args.subnet)
-    schedule = LinkSchedule(lab, actions, announce=not args.quiet)
+    schedule = fault_schedule(cfg, announce=not args.quiet, cut=lab.cut, heal=lab.heal)
     already_cut: list[int] = []
     try:
         local.prepare_run_dir(cfg, out)
@@ -389,6 +358,7 @@ def _run(args) -> int:
         else:
             _restore_links(lab, schedule, already_cut)
 
+    problems, faults_doc = conclude(cfg, plan, out, run, schedule)
     results = local.collect_results(cfg, out)
     finished = [r for r in results["nodes"] if r["finished"]]
     roster = json.loads(rundir.roster_path(out).read_text())
@@ -413,11 +383,19 @@ def _run(args) -> int:
                 }
                 for e in roster["nodes"]
             ],  # fmt: skip
-            "links": schedule.done,
-            "not_applied": schedule.never_fired(),
+            "links": _link_changes(schedule),
+            "not_applied": [
+                {"action": f.kind, "node": f.node, "at_step": f.step}
+                for f in schedule.triggers.never_fired()
+                if f.kind in ("cut", "heal")
+            ],
             "errors": schedule.errors,
         },
+        "completed_as_planned": not problems,
+        "problems": problems,
     }
+    if faults_doc is not None:
+        summary["faults"] = faults_doc
     audit = save_summary(args, out, summary, finished)
     if args.json:
         print(json.dumps(summary, indent=1))
@@ -426,7 +404,7 @@ def _run(args) -> int:
             f"lab {lab.name}: {plan.n} peers on {lab.ip(0)}..{lab.ip(plan.n - 1)} port "
             f"{roster['nodes'][0]['port']}" + ("" if not temporary else " (temporary lab, removed)")
         )
-        for d in schedule.done:
+        for d in _link_changes(schedule):
             print(
                 f"  {d['action']} node {d['node']}'s link when it reported step "
                 f"{d['reported_step']} ({d['t_s']:.1f}s into the run)"
@@ -434,22 +412,8 @@ def _run(args) -> int:
         if audit is not None and not audit["fault_free"]:
             print("  the run was not fault-free: the audit below is of the schedule that happened")
         family.print_summary(summary, audit)
-    for d in schedule.never_fired():
-        print(
-            f"cfree lab run: --{d['action']} {d['node']}@{d['at_step']} never applied (node "
-            f"{d['node']} did not report step {d['at_step']})",
-            file=sys.stderr,
-        )
-    for e in schedule.errors:
-        print(f"cfree lab run: link change failed: {e}", file=sys.stderr)
-    if run.failed:
-        for o in run.failed:
-            print(
-                f"cfree lab run: node {o.node} failed (exit {o.returncode}): {o.error}",
-                file=sys.stderr,
-            )
-        return 1
-    return 0
+    print_problems("cfree lab run", problems, faults_doc)
+    return 1 if problems else 0
 
 
 _ACTIONS = {"up": _up, "down": _down, "status": _status, "cut": _cut, "heal": _heal, "run": _run}

@@ -51,7 +51,7 @@ def add_parser(sub) -> None:
 def cmd_plan(args) -> int:
     from coordinator_free.accounting.audit import calibrate, plan_report
 
-    cfg = config_mod.load(args.config, args.set)
+    cfg = config_mod.load(args.config, args.set, args.fault)
     family = family_of(cfg.protocol.name)
     if args.target_eps is not None:
         if args.source is not None:

@@ -64,10 +64,69 @@ def save_summary(args, out: Path, summary: dict, finished: list) -> dict | None:
     return audit
 
 
+def fault_schedule(cfg, *, announce: bool, cut=None, heal=None):
+    """The launcher's schedule of the run's declared kill/stop/cut/heal faults."""
+    from coordinator_free.cluster.faultsched import FaultSchedule
+
+    return FaultSchedule(
+        cfg.fault_plan,
+        global_steps=family_of(cfg.protocol.name).walks(cfg),
+        cut=cut,
+        heal=heal,
+        announce=announce,
+    )
+
+
+def conclude(cfg, plan, out: Path, run, schedule) -> tuple[list[dict], dict | None]:
+    """After the peers: what the run's faults were (faults.json, when any were declared) and
+    whether the protocol completed as planned (the problems, by node, step and cause)."""
+    from coordinator_free import verdict
+
+    faults_doc = None
+    if cfg.fault_plan:
+        peers = {}
+        for v in range(plan.n):
+            try:
+                res = json.loads(rundir.result_path(out, v).read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(res, dict) and res.get("injected"):
+                peers[v] = res["injected"]
+        faults_doc = schedule.record(out, peers)
+    failed = [
+        {"node": o.node, "returncode": o.returncode, "error": o.error, "step": o.steps_done}
+        for o in run.failed
+    ]
+    problems = verdict.problems(plan, out, failed, walks=family_of(cfg.protocol.name).walks(cfg))
+    return problems, faults_doc
+
+
+def print_problems(command: str, problems: list[dict], faults_doc: dict | None) -> None:
+    from coordinator_free import verdict
+
+    if faults_doc is not None:
+        fired = ", ".join(
+            f"{f['spec']} (at step {f['step']}, {f['t_s']:.1f}s)"
+            for f in faults_doc["injected"]
+            if "spec" in f
+        )
+        if fired:
+            print(f"{command}: injected {fired}", file=sys.stderr)
+        for spec in faults_doc["not_applied"]:
+            print(f"{command}: --fault {spec} never applied (its step was not reached)",
+                  file=sys.stderr)  # fmt: skip
+        for e in faults_doc["errors"]:
+            print(f"{command}: fault injection failed: {e}", file=sys.stderr)
+    if problems:
+        print(f"{command}: the protocol did not complete as planned:", file=sys.stderr)
+        for line in verdict.render(problems):
+            print(f"  {line}", file=sys.stderr)
+
+
 def cmd_run(args) -> int:
     from coordinator_free.cluster import local
 
-    cfg = config_mod.load(args.config, args.set)
+    cfg = config_mod.load(args.config, args.set, args.fault)
     family = family_of(cfg.protocol.name)
     plan = family.make_plan(cfg)
     out = args.out or local.default_run_dir(cfg)
@@ -75,11 +134,17 @@ def cmd_run(args) -> int:
     if not args.quiet:
         print(f"run directory: {out}", file=sys.stderr)
         print(family.banner(cfg, plan), file=sys.stderr)
+        if cfg.fault_plan:
+            print(f"declared faults: {', '.join(cfg.fault_plan.specs)}", file=sys.stderr)
     if not family.has_peers(cfg):
         return _run_central(args, cfg, out)
+    schedule = fault_schedule(cfg, announce=not args.quiet)
     run = asyncio.run(
-        _cancel_on_sigterm(local.launch_peers(cfg, out, show_progress=not args.quiet))
+        _cancel_on_sigterm(
+            local.launch_peers(cfg, out, show_progress=not args.quiet, on_event=schedule)
+        )
     )
+    problems, faults_doc = conclude(cfg, plan, out, run, schedule)
     results = local.collect_results(cfg, out)
     finished = [r for r in results["nodes"] if r["finished"]]
     match = simulator_diff(cfg, plan, out, results)
@@ -91,19 +156,18 @@ def cmd_run(args) -> int:
         "failed": [
             {"node": o.node, "returncode": o.returncode, "error": o.error} for o in run.failed
         ],
+        "completed_as_planned": not problems,
+        "problems": problems,
     }
+    if faults_doc is not None:
+        summary["faults"] = faults_doc
     audit = save_summary(args, out, summary, finished)
     if args.json:
         print(json.dumps(summary, indent=1))
     else:
         family.print_summary(summary, audit)
-    if run.failed:
-        for o in run.failed:
-            print(
-                f"cfree run: node {o.node} failed (exit {o.returncode}): {o.error}", file=sys.stderr
-            )
-        return 1
-    return 0
+    print_problems("cfree run", problems, faults_doc)
+    return 1 if problems else 0
 
 
 def _run_central(args, cfg, out: Path) -> int:

@@ -49,7 +49,7 @@ def cmd_simulate(args) -> int:
         n = len(json.loads(roster.read_text())["nodes"])
         streams = seeds.streams_of_run(args.run, n)
     else:
-        cfg = config_mod.load(args.config, args.set)
+        cfg = config_mod.load(args.config, args.set, args.fault)
     family = family_of(cfg.protocol.name)
     out = family.simulation(cfg, streams)
     if args.json:

@@ -970,7 +970,7 @@ def cmd_roster(args) -> int:
         if not 1 <= args.port <= 65535:
             raise LanError(f"--port {args.port} is not in 1..65535")
         hosts = read_hosts(args.hosts, default_port=args.port)
-        cfg = config_mod.load(args.config, args.set)
+        cfg = config_mod.load(args.config, args.set, getattr(args, "fault", []))
         dep = plan_deployment(
             hosts,
             cfg,

@@ -44,6 +44,13 @@ class PeerUp:
 
 NetEvent = Inbound | PeerDown | PeerUp
 
+#: Liveness of a channel, in units of the step deadline: a peer's transport sends a heartbeat
+#: after HEARTBEAT_DEADLINES of silence on a channel and declares the neighbour down after
+#: SILENCE_DEADLINES without hearing anything from it (a cut link, a stopped process). The
+#: in-memory network models the same delays.
+HEARTBEAT_DEADLINES = 0.25
+SILENCE_DEADLINES = 3.0
+
 # ----------------------------------------------------------------------------------- actions
 
 

@@ -19,6 +19,13 @@ Faults (:class:`Faults`), all deterministic from the seed:
 * ``never_start``: nodes that never run (their neighbours see no channel from the start);
 * ``freeze``: node -> ``(start, end)``: the node stalls (a stopped process): what reaches it
   meanwhile waits, in order, until ``end``; its channels stay up.
+* ``declared``: the run's declared faults (:mod:`coordinator_free.faults`, ``--fault``), fired
+  on progress reports as the launcher fires them: ``kill`` crashes the node; ``stop`` freezes
+  it, and past ``silence`` seconds its neighbours declare it down (the transport's silence
+  verdict) until it resumes; ``cut``/``heal`` cut and restore every link of the node, seen
+  down ``silence`` seconds after the cut; ``nan`` makes the node send NaN at that step;
+  ``corrupt``: a frame fails authentication at its receiver, both ends see the channel drop
+  and it comes back ``redial`` seconds later; ``drop``, ``duplicate``, ``delay`` as above.
 
 A node that finishes closes its channels, as a peer does: its neighbours see them go down after
 every message it sent has arrived.
@@ -38,6 +45,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from coordinator_free import seeds
 from coordinator_free.engine.events import (
+    SILENCE_DEADLINES,
     Engine,
     Finish,
     Inbound,
@@ -48,7 +56,7 @@ from coordinator_free.engine.events import (
     Progress,
     Send,
 )
-from coordinator_free.net.wire import decode_message, encode_message
+from coordinator_free.net.wire import Message, decode_message, encode_message
 
 
 @dataclass
@@ -63,6 +71,32 @@ class Faults:
     never_start: set[int] = field(default_factory=set)
     freeze: dict[int, tuple[float, float]] = field(default_factory=dict)
     detect: float | None = 0.01
+    corrupt: float = 0.0
+    nan: dict[int, frozenset[int]] = field(default_factory=dict)  # node -> steps sent as NaN
+    declared: Any = None  # faults.FaultPlan: node faults fired at progress reports
+    global_steps: bool = False  # token walks: any node's report of the hop count counts
+    silence: float | None = None  # seconds until a silent link is declared down (None: detect)
+    redial: float = 0.1
+
+    @classmethod
+    def of_config(cls, cfg, **overrides) -> Faults:
+        """The faults ``cfg`` declares (``[faults]``, ``--fault``), with the delays of a real
+        run: a silent neighbour declared down after SILENCE_DEADLINES deadlines."""
+        fp = cfg.fault_plan
+        deadline = cfg.network.deadline_s
+        kw: dict[str, Any] = {
+            "drop": fp.drop,
+            "duplicate": fp.duplicate,
+            "corrupt": fp.corrupt,
+            "nan": {v: fp.nan_steps(v) for v in {f.node for f in fp.faults if f.kind == "nan"}},
+            "declared": fp,
+            "global_steps": cfg.family.walks(cfg),
+            "silence": SILENCE_DEADLINES * deadline,
+        }
+        if any(f.kind == "delay" for f in fp.faults):
+            kw["delay"] = fp.delay_s + 0.001
+        kw.update(overrides)
+        return cls(**kw)
 
 
 @dataclass
@@ -79,6 +113,7 @@ class MemRun:
     outcome: dict[int, str]
     end_time: float
     streams: Any = None
+    injected: list[dict] = field(default_factory=list)  # declared faults as they fired
 
     def records(self, node: int, kind: str) -> list[dict]:
         return [f for k, f in self.logs[node] if k == kind]
@@ -119,6 +154,16 @@ class MemNet:
         }
         self.now = 0.0
         self.last_activity = 0.0  # the last time an engine was handed something
+        self.freeze = dict(self.f.freeze)
+        self.injected: list[dict] = []
+        self._declared_cut: set[tuple[int, int]] = set()
+        self.triggers = None
+        if self.f.declared is not None:
+            from coordinator_free.faults import StepTriggers
+
+            self.triggers = StepTriggers.of(
+                self.f.declared, ("kill", "stop", "cut", "heal"), self.f.global_steps
+            )
 
     # ------------------------------------------------------------------ scheduling
 
@@ -187,7 +232,7 @@ class MemNet:
             v = data if kind in ("start", "timer") else data[1] if kind == "deliver" else None
             if kind == "event":
                 v = data[0]
-            fz = self.f.freeze.get(v) if v is not None else None
+            fz = self.freeze.get(v) if v is not None else None
             if fz is not None and fz[0] <= self.now < fz[1]:
                 self._push(fz[1], kind, data)  # a stopped process handles it when it resumes
                 continue
@@ -199,6 +244,7 @@ class MemNet:
             models=self.models,
             outcome=self.outcome,
             end_time=self.last_activity,
+            injected=self.injected,
         )
 
     def _feed(self, v: int, event: NetEvent | None) -> None:
@@ -251,16 +297,35 @@ class MemNet:
                 w, v, "connection lost: the node died", self.now + (self.f.detect or 0.0)
             )
 
-    def _on_cut(self, link: tuple[int, int]) -> None:
+    def _silence(self) -> float | None:
+        return self.f.detect if self.f.silence is None else self.f.silence
+
+    def _on_cut(self, link: tuple[int, int], detect: float | None = -1.0) -> None:
         a, b = link
         self._cut.add(self._edge(a, b))
-        if self.f.detect is not None:
-            at = self.now + self.f.detect
-            self._notice_down(a, b, "connection lost: link cut", at)
-            self._notice_down(b, a, "connection lost: link cut", at)
+        detect = self._silence() if detect == -1.0 else detect
+        if detect is not None:
+            at = self.now + detect
+            reason = f"silent for {detect:.1f} s: no message or heartbeat"
+            self._notice_down(a, b, reason, at)
+            self._notice_down(b, a, reason, at)
+
+    def _on_corrupt(self, link: tuple[int, int]) -> None:
+        """A frame failed authentication: the receiver drops the channel, both ends see it
+        down at once, and the link is redialled a moment later."""
+        a, b = link
+        if self._edge(a, b) in self._cut:
+            return
+        self._cut.add(self._edge(a, b))
+        reason = "authentication failed: frame tampered with or corrupt"
+        self._notice_down(a, b, reason, self.now)
+        self._notice_down(b, a, reason, self.now)
+        self._push(self.now + self.f.redial, "heal", (a, b))
 
     def _on_heal(self, link: tuple[int, int]) -> None:
         a, b = link
+        if self._edge(a, b) in self._declared_cut:
+            return  # a declared cut stays until its own heal
         self._cut.discard(self._edge(a, b))
         for v, w in ((a, b), (b, a)):
             if (v, w) in self._noticed and w not in self.dead and w not in self.done:
@@ -280,8 +345,43 @@ class MemNet:
                 k = self.f.crash_at_step.get(v)
                 if k is not None and a.fields.get("event") == "step" and a.fields["step"] >= k:
                     self._push(self.now, "crash", v)
+                if self.triggers is not None:
+                    for fault in self.triggers.fire(v, a.fields):
+                        self._declared(fault, v, a.fields)
             elif isinstance(a, Finish):
                 self._finish(v, a)
+
+    def _declared(self, fault, by: int, fields: dict) -> None:
+        """Apply a declared node fault now (it fired on ``by``'s progress report)."""
+        v = fault.node
+        self.injected.append(
+            {"fault": fault.kind, "spec": fault.spec, "node": v, "step": fields.get("step", 0),
+             "reported_by": by, "t_s": self.now}
+        )  # fmt: skip
+        links = [(v, w) for w in self.neighbours[v]]
+        if fault.kind == "kill":
+            self._push(self.now, "crash", v)
+        elif fault.kind == "cut":
+            for a, b in links:
+                self._declared_cut.add(self._edge(a, b))
+                self._on_cut((a, b))
+        elif fault.kind == "heal":
+            for a, b in links:
+                self._declared_cut.discard(self._edge(a, b))
+                self._push(self.now, "heal", (a, b))
+        elif fault.kind == "stop":
+            end = self.now + fault.seconds
+            self.freeze[v] = (self.now, end)
+            silence = self._silence()
+            if silence is not None and fault.seconds > silence:
+                # Its neighbours hear nothing for ``silence`` seconds and drop the channels;
+                # they come back once the node runs again and the leader redials.
+                for a, b in links:
+                    self._push(self.now + silence, "cut_now", (a, b))
+                    self._push(end + self.f.redial, "heal", (a, b))
+
+    def _on_cut_now(self, link: tuple[int, int]) -> None:
+        self._on_cut(link, 0.0)
 
     def _send(self, v: int, a: Send) -> None:
         dst = a.peer
@@ -293,7 +393,16 @@ class MemNet:
                 (v, PeerDown(dst, f"send failed: PeerGone: no channel to node {dst}")),
             )
             return
-        frame = encode_message(a.message)
+        m = a.message
+        if (
+            m.step in self.f.nan.get(v, ())
+            and m.kind in ("value", "token")
+            and m.payload is not None
+        ):
+            m = Message(m.kind, m.round, m.step, np.full_like(m.payload, np.nan), m.meta)
+            self.injected.append({"fault": "nan", "node": v, "step": m.step, "peer": dst,
+                                  "t_s": self.now})  # fmt: skip
+        frame = encode_message(m)
         self.traffic[v]["bytes_sent"] += len(frame)
         self.traffic[v]["messages_sent"] += 1
         if a.on_sent is not None:
@@ -303,6 +412,9 @@ class MemNet:
         if self.rng.random() < self.f.drop:
             return
         copies = 2 if self.rng.random() < self.f.duplicate else 1
+        if self.f.corrupt and self.rng.random() < self.f.corrupt:
+            self._push(self._link_time(v, dst, self.now), "corrupt", (v, dst))
+            return
         for _ in range(copies):
             self._push(self._link_time(v, dst, self.now), "deliver", (v, dst, frame))
 
@@ -356,6 +468,8 @@ def run_config(
     family = family_of(cfg.protocol.name)
     plan = family.make_plan(cfg)
     streams = node_streams(seed, plan.n)
+    if faults is None and cfg.faults.inject:
+        faults = Faults.of_config(cfg)
     make = engine_of or family.node_engine
     engines = {v: make(cfg, plan, v, streams.node(v)) for v in range(plan.n)}
     net = MemNet(

@@ -16,10 +16,20 @@ Hand-off of token j at step s from holder a to b (each message names (j, s)):
 * b acts on the token only after ``commit``; an ``abort`` makes it drop its copy. If a's channel
   goes down between ack and commit, b takes the token (a sends abort before any re-route, and TCP
   delivers what a wrote before it died), logged as ``commit-assumed``.
+* A commit that never comes (lost on a lossy link): b drops its copy after two deadlines and
+  answers ``nack``; a, still holding custody of j at b, offers the token to b again (the same
+  hop, so the walk's distribution is unchanged). A holds custody without news for two
+  deadlines: it asks b (``query``); b answers ``nack`` if it never took the token, ``fwd``
+  again if it has handed it on, nothing while it still holds it. So a lost message costs a
+  few deadlines, never the walk.
+* A walk's end travels with ``done`` too: a node that missed a ``walk_end`` (a lossy link)
+  learns it from its neighbour's goodbye.
 * Custody: if b's channel goes down while a still holds custody of j (no ``fwd`` yet, no end of
   the walk), the token died with b: a reports it lost at b.
 * The end of a walk (completed, lost, stuck) is flooded to every node as ``walk-end``; a node
-  stops when every token has ended. A run-level bound ends the loop in any case.
+  stops when every token has ended. A node whose neighbours have all been down for
+  DOWN_GRACE_DEADLINES deadlines can neither receive a token nor hear of its end: it ends its
+  open walks as ``cut-off`` there. A run-level bound ends the loop in any case.
 
 Every value the node saw is logged (``token-seen``, with the sender, since TCP shows who sent
 it), every step it made (``token-step``: step, whether its data went in), every send, re-route,
@@ -41,6 +51,7 @@ from coordinator_free.engine.events import (
     PeerDown,
     PeerUp,
 )
+from coordinator_free.engine.step import DOWN_GRACE_DEADLINES
 from coordinator_free.families.walk import protocol as wk
 from coordinator_free.net.wire import Message
 
@@ -90,10 +101,15 @@ class TokenEngine:
         self.finals: dict[int, list[float]] = {}
         self.offers: dict[int, _Offer] = {}
         self.custody: dict[int, tuple[int, int]] = {}  # token -> (peer, step)
+        self.custody_value: dict[int, tuple[np.ndarray, int]] = {}  # token -> (value, attempt)
+        self.custody_asked: dict[int, float] = {}  # token -> when custody began or was queried
+        self.accepted: dict[int, int] = {}  # token -> the last step this node took it at
+        self.forwarded: dict[int, int] = {}  # token -> the step of its last hand-off onwards
         self.incoming: dict[tuple[int, int], _Incoming] = {}  # (token, step)
         self.seen: set[tuple[int, int]] = set()
         self.came_from: dict[int, int] = {}  # token -> who handed it to us last
         self.down: set[int] = set()
+        self.down_at: dict[int, float] = {}  # peer -> when its channel went down
         self.finished_peers: set[int] = set()
         self.steps_made = 0
         self.reroutes: list[dict] = []
@@ -138,10 +154,12 @@ class TokenEngine:
         elif isinstance(event, PeerUp):
             if event.peer in self.down:
                 self.down.discard(event.peer)
+                self.down_at.pop(event.peer, None)
                 self.out.log("peer-up", peer=event.peer)
         elif isinstance(event, Inbound):
             self._inbound(event.peer, event.message)
         self._expire(now)
+        self._cut_off(now)
         self._check(now)
         return self.out.take()
 
@@ -152,7 +170,30 @@ class TokenEngine:
             return self._bye[1]
         wake = [o.deadline for o in self.offers.values()]
         wake += [i.deadline for i in self.incoming.values()]
+        wake += [t + 2 * self.deadline for t in self.custody_asked.values()]
+        alone = self._alone_since()
+        if alone is not None:
+            wake.append(alone + DOWN_GRACE_DEADLINES * self.deadline)
         return min([self._end_at, *wake])
+
+    def _alone_since(self) -> float | None:
+        """Since when every neighbour's channel has been down (None: some neighbour is up)."""
+        if not self.neighbours or any(w not in self.down for w in self.neighbours):
+            return None
+        return max(self.down_at.get(w, self._t0) for w in self.neighbours)
+
+    def _cut_off(self, now: float) -> None:
+        """Every neighbour down past the grace period: no token can reach this node and no
+        walk's end can be heard here; its open walks end here as cut off."""
+        alone = self._alone_since()
+        if alone is None or now < alone + DOWN_GRACE_DEADLINES * self.deadline:
+            return
+        if self.offers or self.incoming:
+            return  # a hand-off in progress resolves first (re-route, commit-assumed)
+        for j in range(self.plan.tokens):
+            if j not in self.ended:
+                self.out.log("walk-cut-off", token=j, peers=list(self.neighbours))
+                self._end(j, "cut-off", self.node, self.top_step)
 
     def _check(self, now: float) -> None:
         if self._bye is None and len(self.ended) >= self.plan.tokens:
@@ -236,6 +277,7 @@ class TokenEngine:
     def _peer_down(self, peer: int, reason: str) -> None:
         if peer not in self.down:
             self.down.add(peer)
+            self.down_at[peer] = self._now
             self.out.log("peer-down", peer=peer, reason=reason)
 
     # ------------------------------------------------------------------------------ events
@@ -259,6 +301,7 @@ class TokenEngine:
     def _accept(self, token: int, step: int, inc: _Incoming) -> None:
         if token in self.ended:
             return
+        self.accepted[token] = max(step, self.accepted.get(token, -1))
         self.came_from[token] = inc.frm
         self.hold(token, step, inc.value)
 
@@ -266,6 +309,7 @@ class TokenEngine:
         token, step = m.round, m.step
         if m.kind == "done":
             self.finished_peers.add(peer)
+            self._ends_from_goodbye(peer, m)
             return
         if not 0 <= token < self.plan.tokens or not 0 <= step <= self.plan.hops:
             self.out.log("bad-message", peer=peer, kind=m.kind, token=token, at=step)
@@ -299,8 +343,11 @@ class TokenEngine:
                 return
             del self.offers[token]
             self.custody[token] = (peer, step)
+            self.custody_value[token] = (o.value, o.attempt)
+            self.custody_asked[token] = self._now
             self._send(peer, Message(kind="token_commit", round=token, step=step))
             self.out.log("token-send", token=token, step=step, peer=peer, digest=wk.digest(o.value))
+            self.forwarded[token] = step
             frm = self.came_from.pop(token, None)
             if frm is not None:
                 self._send(frm, Message(kind="token_fwd", round=token, step=step))
@@ -316,21 +363,61 @@ class TokenEngine:
             if inc is not None and inc.frm == peer:
                 del self.incoming[(token, step)]
                 self.out.log("token-aborted", token=token, step=step, peer=peer)
+        elif m.kind == "token_query":
+            if self.accepted.get(token, -1) < step and (token, step) not in self.incoming:
+                self._send(peer, Message(kind="token_nack", round=token, step=step))
+            elif self.forwarded.get(token, -1) > step:
+                self._send(peer, Message(kind="token_fwd", round=token, step=step))
+        elif m.kind == "token_nack":
+            c = self.custody.get(token)
+            if c is not None and c == (peer, step) and token not in self.ended:
+                del self.custody[token]
+                self.custody_asked.pop(token, None)
+                value, attempt = self.custody_value.pop(token)
+                self.out.log("token-nack", token=token, step=step, peer=peer)
+                self._offer(token, step, value, peer, attempt + 1, set())
         elif m.kind == "token_fwd":
             c = self.custody.get(token)
             if c is not None and c[0] == peer:
                 del self.custody[token]
+                self.custody_asked.pop(token, None)
         elif m.kind == "walk_end":
             how = m.meta.get("how") if isinstance(m.meta, dict) else None
             at = m.meta.get("at") if isinstance(m.meta, dict) else None
-            if how not in ("completed", "lost", "stuck") or not isinstance(at, int):
+            if how not in ("completed", "lost", "stuck", "cut-off") or not isinstance(at, int):
                 self.out.log("bad-message", peer=peer, kind="walk_end", token=token)
                 return
             self._end(token, how, at, step)
         else:
             self.out.log("bad-message", peer=peer, kind=m.kind, token=token, at=step)
 
+    def _ends_from_goodbye(self, peer: int, m: Message) -> None:
+        ended = m.meta.get("ended") if isinstance(m.meta, dict) else None
+        if not isinstance(ended, dict):
+            return
+        for j, e in ended.items():
+            try:
+                token = int(j)
+                how, at, step = e
+            except (TypeError, ValueError):
+                self.out.log("bad-message", peer=peer, kind="done")
+                return
+            if (
+                0 <= token < self.plan.tokens
+                and token not in self.ended
+                and how in ("completed", "lost", "stuck", "cut-off", "timeout")
+                and (at is None or isinstance(at, int))
+            ):
+                self._end(token, how, at, step)
+
     def _expire(self, now: float) -> None:
+        for token, asked in list(self.custody_asked.items()):
+            c = self.custody.get(token)
+            if c is None or token in self.ended:
+                del self.custody_asked[token]
+            elif now >= asked + 2 * self.deadline:
+                self.custody_asked[token] = now
+                self._send(c[0], Message(kind="token_query", round=token, step=c[1]))
         for token, o in list(self.offers.items()):
             if o.deadline <= now and self.offers.get(token) is o:
                 self._reroute(token, "deadline")
@@ -342,14 +429,19 @@ class TokenEngine:
                     self._accept(key[0], key[1], inc)
                 else:
                     self.out.log("commit-timeout", token=key[0], step=key[1], peer=inc.frm)
+                    # Let the sender offer it again; a new offer is a new hand-off.
+                    self.seen.discard(key)
+                    self._send(inc.frm, Message(kind="token_nack", round=key[0], step=key[1]))
 
     # ------------------------------------------------------------------------------ goodbye
 
     def _begin_goodbye(self, now: float) -> None:
-        """Say done to every neighbour and wait (bounded) for theirs."""
+        """Say done (with how every walk ended) to every neighbour and wait (bounded) for
+        theirs."""
         live = [w for w in self.neighbours if w not in self.down]
+        ended = {str(j): [e["how"], e["at"], e["step"]] for j, e in self.ended.items()}
         for w in live:
-            self.out.send(w, Message(kind="done", round=0, step=0))
+            self.out.send(w, Message(kind="done", round=0, step=0, meta={"ended": ended}))
         self._bye = ({w for w in live if w not in self.finished_peers}, now + self.deadline)
         self._goodbye_event(None, now)
 

@@ -45,6 +45,12 @@ class Family:
         """False for protocols that run in one process (the trusted-curator baseline)."""
         return True
 
+    def dropout(self, cfg) -> bool:
+        """True when the protocol's public schedule can include per-step node dropout
+        (``--fault dropout:P``): the plan, the peers and the auditor then agree on who sits
+        out of which step."""
+        return False
+
     def sensitivity(self, cfg) -> float:
         """The L2 sensitivity in use when ``privacy.sensitivity`` is not set."""
         return 1.0

@@ -63,13 +63,15 @@ ALLOWED_KINDS: frozenset[str] = frozenset(
         "done",
         "abort",
         "token",
-        # token hand-off (coordinator_free/walkpeer.py)
+        # token hand-off (coordinator_free/engine/token.py)
         "token_ack",
         "token_commit",
         "token_abort",
         "token_fwd",
+        "token_nack",
+        "token_query",
         "walk_end",
-        # decor seed exchange and pair drops (coordinator_free/decorpeer.py)
+        # decor seed exchange and pair drops (coordinator_free/families/decor/node.py)
         "decor_pub",
         "decor_drop",
     }

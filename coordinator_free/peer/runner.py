@@ -15,9 +15,11 @@ a deadline: a run always ends, with results or a clear error.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -25,13 +27,23 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from coordinator_free import roster as roster_mod
 from coordinator_free import rundir, seeds
 from coordinator_free.config import Config
-from coordinator_free.engine.events import Finish, Log, PeerDown, Send
+from coordinator_free.engine.events import (
+    HEARTBEAT_DEADLINES,
+    SILENCE_DEADLINES,
+    Finish,
+    Log,
+    PeerDown,
+    Send,
+)
 from coordinator_free.engine.events import Progress as ProgressAction
 from coordinator_free.families import family_of
 from coordinator_free.net.transport import PeerNet
+from coordinator_free.net.wire import Message
 from coordinator_free.viewlog import ViewLogWriter
 
 log = logging.getLogger("coordinator_free.peer")
@@ -59,6 +71,9 @@ class PeerResult:
     # The socket addresses of each neighbour's channel once connected ({"local", "remote"} as
     # "host:port"): where the node really talked to whom (containers, namespaces, LAN hosts).
     channels: dict | None = None
+    # Declared faults this node applied ({"link": frame counts, "nan": [steps], "signals":
+    # [cut/heal...]}); None when the run declares none.
+    injected: dict | None = None
 
     def to_json(self) -> dict:
         return self.__dict__.copy()
@@ -127,6 +142,9 @@ async def run_peer(
         params=node_params(cfg, plan, node_id),
         mode=0o600,  # what a node saw is its own business
     )
+    fp = cfg.fault_plan
+    link = link_faults(cfg, node_id)
+    injector = Injector(fp.nan_steps(node_id), link, neighbours, vlog)
     net = PeerNet(
         node_id=node_id,
         static_key=key,
@@ -135,9 +153,14 @@ async def run_peer(
         run_id=roster.run_id_bytes,
         neighbours=neighbours,
         max_frame=cfg.network.max_frame_bytes,
+        faults=link,
+        heartbeat_s=HEARTBEAT_DEADLINES * deadline,
+        silence_s=SILENCE_DEADLINES * deadline,
     )
     t_start = time.monotonic()
+    loop = asyncio.get_running_loop()
     try:
+        injector.install(loop)
         addr = await net.start(listen_sock)
         vlog.write("listen", host=addr[0], port=addr[1])
         progress.emit(event="listening", node=node_id, port=addr[1])
@@ -150,8 +173,13 @@ async def run_peer(
         # key: nobody else can recompute them, whatever they know of the config.
         own = seeds.NodeSecretStreams(key, roster.run_id_bytes, node_id)
         engine = family.node_engine(cfg, plan, node_id, own)
-        finish = await drive(engine, net, vlog, progress, deadline)
-        result = PeerResult(**finish.result, **traffic(net), channels=channels)
+        finish = await drive(engine, net, vlog, progress, deadline, injector.outgoing)
+        result = PeerResult(
+            **finish.result,
+            **traffic(net),
+            channels=channels,
+            injected=injector.summary() if fp else None,
+        )
         if finish.models is not None:
             # The node's own model after every round: its output, never sent or logged.
             rundir.write_npy(rundir.models_path(out_dir, node_id), finish.models)
@@ -159,8 +187,72 @@ async def run_peer(
         progress.emit(event="finished", node=node_id, elapsed_s=time.monotonic() - t_start)
         return result
     finally:
+        injector.uninstall(loop)
         await net.close()
         vlog.close()
+
+
+def link_faults(cfg: Config, node_id: int):
+    """The node's transport faults from the run's declared ones (drop, duplicate, corrupt,
+    delay), drawn from a stream of the public run seed and the node id."""
+    from coordinator_free.net.linkfaults import LinkFaults
+
+    fp = cfg.fault_plan
+    seed = int.from_bytes(
+        hashlib.sha256(b"cfree link faults %d %d" % (cfg.run.seed, node_id)).digest()[:8], "big"
+    )
+    return LinkFaults(
+        drop=fp.drop, duplicate=fp.duplicate, corrupt=fp.corrupt, delay_s=fp.delay_s, seed=seed
+    )
+
+
+class Injector:
+    """The declared faults a peer applies itself: NaN in place of the values (or token) it
+    sends at the ``nan`` steps, and the cut / heal signals of the launcher (SIGUSR1 / SIGUSR2:
+    block / unblock every neighbour in the transport). Each one is written to the view log as
+    a ``fault`` record, so the audit can show it beside what the neighbours saw."""
+
+    def __init__(self, nan_steps, link, neighbours: list[int], vlog):
+        self.nan_steps = frozenset(nan_steps)
+        self.link = link
+        self.neighbours = list(neighbours)
+        self.vlog = vlog
+        self.nan_sent: list[dict] = []
+        self.signals: list[str] = []
+
+    def install(self, loop) -> None:
+        try:
+            loop.add_signal_handler(signal.SIGUSR1, self._signal, "cut")
+            loop.add_signal_handler(signal.SIGUSR2, self._signal, "heal")
+        except (NotImplementedError, RuntimeError, ValueError):  # pragma: no cover - no signals
+            pass
+
+    def uninstall(self, loop) -> None:
+        for sig in (signal.SIGUSR1, signal.SIGUSR2):
+            try:
+                loop.remove_signal_handler(sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # pragma: no cover
+                pass
+
+    def _signal(self, what: str) -> None:
+        if what == "cut":
+            self.link.block(self.neighbours)
+        else:
+            self.link.unblock(self.neighbours)
+        self.signals.append(what)
+        self.vlog.write("fault", fault=what, peers=self.neighbours)
+
+    def outgoing(self, send: Send) -> Send:
+        m = send.message
+        if m.step not in self.nan_steps or m.kind not in ("value", "token") or m.payload is None:
+            return send
+        bad = Message(m.kind, m.round, m.step, np.full_like(m.payload, np.nan), m.meta)
+        self.nan_sent.append({"step": m.step, "peer": send.peer})
+        self.vlog.write("fault", fault="nan", step=m.step, peer=send.peer)
+        return Send(send.peer, bad, send.on_sent)
+
+    def summary(self) -> dict:
+        return {"link": dict(self.link.counts), "nan": self.nan_sent, "signals": self.signals}
 
 
 def node_params(cfg: Config, plan, node_id: int) -> dict:
@@ -176,12 +268,15 @@ def node_params(cfg: Config, plan, node_id: int) -> dict:
     }
 
 
-async def drive(engine, net, vlog, progress: Progress, deadline: float) -> Finish:
+async def drive(engine, net, vlog, progress: Progress, deadline: float, outgoing=None) -> Finish:
     """The peer's one loop: feed network events and timer expiries into the engine, perform
-    its actions, until it finishes."""
+    its actions, until it finishes. ``outgoing(send)`` may replace what is sent (a declared
+    ``nan`` fault)."""
     failed: deque[PeerDown] = deque()
     actions = engine.start(time.monotonic())
     while True:
+        if outgoing is not None:
+            actions = [outgoing(a) if isinstance(a, Send) else a for a in actions]
         finish = await _perform(actions, net, vlog, progress, deadline, failed)
         if finish is not None:
             return finish

@@ -84,6 +84,9 @@ class Averaging(Gossip, Family):
 
         validate_values(cfg, source)
 
+    def dropout(self, cfg) -> bool:
+        return True
+
     def banner(self, cfg, plan):
         from coordinator_free.families.averaging.render import banner
 

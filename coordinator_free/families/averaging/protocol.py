@@ -69,9 +69,24 @@ class MuffliatoPlan(GraphRows):
     sensitivity: float
     alpha: float
     delta: float
+    # Per-step node dropout (``--fault dropout:P``, public): the probability, and for every
+    # step the nodes that sit it out. Empty: every node takes part in every step.
+    dropout: float = 0.0
+    dropped: tuple[frozenset[int], ...] = ()
 
     def gamma_at(self, t: int) -> float:
         return 1.0 if (t == 0 or not self.accelerated) else self.gamma
+
+    def partners_at(self, v: int, t: int) -> list[int]:
+        """Whom v exchanges with at step t: every neighbour, except under dropout, where a
+        node that sits out exchanges with nobody and nobody exchanges with it (its weight
+        stays with each node, as for a missed value)."""
+        if not self.dropped:
+            return self.neighbours(v)
+        out = self.dropped[t]
+        if v in out:
+            return []
+        return [w for w in self.neighbours(v) if w not in out]
 
     def public_params(self) -> dict:
         return {
@@ -86,7 +101,23 @@ class MuffliatoPlan(GraphRows):
             "sensitivity": self.sensitivity,
             "alpha": self.alpha,
             "delta": self.delta,
+            # Only under dropout (a view log without it is a run without dropout).
+            **({"dropout": self.dropout} if self.dropout else {}),
         }
+
+
+#: The public stream the dropout schedule is drawn from (purpose id, see seeds).
+PURPOSE_DROPOUT = 6
+
+
+def dropout_schedule(seed: int, n: int, steps: int, p: float) -> tuple[frozenset[int], ...]:
+    """For every step, the nodes that sit it out: each node independently with probability p,
+    from the public run seed (so every peer, the planner and the auditor draw the same)."""
+    if not p:
+        return ()
+    rng = seeds.PublicSeedStreams(seed).stream(PURPOSE_DROPOUT, 0, 0)
+    out = rng.random((steps, n)) < p
+    return tuple(frozenset(np.flatnonzero(row).tolist()) for row in out)
 
 
 def build_graph_from_config(cfg: Config, seed: int | None = None) -> nx.Graph:
@@ -130,6 +161,8 @@ def make_plan(cfg: Config, graph: nx.Graph | None = None) -> MuffliatoPlan:
         sensitivity=cfg.sensitivity,
         alpha=cfg.privacy.alpha,
         delta=cfg.privacy.delta,
+        dropout=cfg.fault_plan.dropout,
+        dropped=dropout_schedule(cfg.run.seed, g.number_of_nodes(), steps, cfg.fault_plan.dropout),
     )
 
 

@@ -47,5 +47,5 @@ def simulate(cfg, plan=None, streams=None, *, used=None) -> SimResult:
         streams,
         lambda v: node.program(cfg, plan, v, streams),
         _sync_history,
-        lambda v, t: nbrs[v],
+        plan.partners_at if plan.dropped else (lambda v, t: nbrs[v]),
     )

@@ -1,0 +1,148 @@
+"""Did a run complete as planned? If not: which node, at which step, and why.
+
+Read from the peers' result files (``results/node-<i>.json``) and the launcher's record of the
+processes. A run completed as planned when every node finished, no value missed its step, and
+every token walk completed without a re-route. Anything else is a problem, named by node, step
+and cause, most telling first: a node that all of its neighbours missed (cut off, stopped,
+killed) is named before the neighbours that missed it.
+
+Pure code over JSON files: the launchers (``cfree run``, ``cfree lab run``) print it and exit
+non-zero when there is any problem.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from coordinator_free import rundir
+
+
+def _result(out_dir: Path, v: int) -> dict | None:
+    try:
+        res = json.loads(rundir.result_path(out_dir, v).read_text())
+    except (OSError, ValueError):
+        return None
+    return res if isinstance(res, dict) else None
+
+
+def problems(plan, out_dir: Path, failed: list[dict], *, walks: bool) -> list[dict]:
+    """``[{"node", "step", "cause"}, ...]``, empty when the run completed as planned.
+    ``failed``: ``{"node", "returncode", "error", "step"}`` of the peer processes that exited
+    non-zero (the launcher knows them)."""
+    out: list[dict] = []
+    failed_nodes = set()
+    for f in failed:
+        failed_nodes.add(f["node"])
+        out.append(
+            {
+                "node": f["node"],
+                "step": f.get("step"),
+                "cause": f"process failed (exit {f.get('returncode')}): {f['error']}",
+            }
+        )
+    results = {v: _result(out_dir, v) for v in range(plan.n)}
+    for v, res in results.items():
+        if res is None and v not in failed_nodes:
+            out.append({"node": v, "step": None, "cause": "finished without a result file"})
+    if walks:
+        out += _walk_problems(plan, results)
+    else:
+        out += _step_problems(plan, results)
+    return out
+
+
+def _step_problems(plan, results: dict) -> list[dict]:
+    """Missed values, grouped by the node that was missed."""
+    by_peer: dict[int, dict[int, list[dict]]] = {}
+    for v, res in results.items():
+        for m in (res or {}).get("missed", []) or []:
+            if not isinstance(m, dict) or not isinstance(m.get("peer"), int):
+                continue
+            by_peer.setdefault(m["peer"], {}).setdefault(v, []).append(m)
+    rows = []
+    for p, observers in by_peer.items():
+        first = min((m for ms in observers.values() for m in ms), key=lambda m: m.get("step", 0))
+        count = sum(len(ms) for ms in observers.values())
+        nbrs = plan.neighbours(p) if 0 <= p < plan.n else []
+        share = len(observers) / max(1, len(nbrs))
+        reasons = sorted({m.get("reason", "?") for ms in observers.values() for m in ms})
+        who = ", ".join(str(w) for w in sorted(observers))
+        whom = (
+            f"all {len(nbrs)} of its neighbours ({who})"
+            if len(observers) == len(nbrs) and len(nbrs) > 1
+            else f"node(s) {who}"
+        )
+        rows.append(
+            (
+                -share,
+                -count,
+                p,
+                {
+                    "node": p,
+                    "step": first.get("step"),
+                    "cause": f"its values were missed by {whom} from step {first.get('step')} "
+                    f"({count} miss(es); {', '.join(reasons)})",
+                },
+            )
+        )
+    return [r[-1] for r in sorted(rows, key=lambda r: r[:3])]
+
+
+def _walk_problems(plan, results: dict) -> list[dict]:
+    """Walks that did not complete, and re-routes."""
+    ends: dict[int, dict] = {}
+    reroutes: list[dict] = []
+    for v, res in results.items():
+        if res is None:
+            continue
+        walks_ = res.get("walks") or {}
+        for j, e in (walks_.get("ended") or {}).items():
+            if isinstance(e, dict):
+                ends.setdefault(int(j), e)
+        for r in res.get("missed", []) or []:
+            if isinstance(r, dict):
+                reroutes.append({**r, "at": v})
+    out = []
+    for j in range(getattr(plan, "tokens", 0)):
+        e = ends.get(j)
+        if e is None:
+            out.append({"node": None, "step": None, "cause": f"walk {j}: no node saw it end"})
+            continue
+        if e.get("how") == "completed":
+            continue
+        away = sorted({r["peer"] for r in reroutes if r.get("token") == j})
+        tail = f"; re-routed away from node(s) {', '.join(map(str, away))}" if away else ""
+        out.append(
+            {
+                "node": away[0] if len(away) == 1 else e.get("at"),
+                "step": e.get("step"),
+                "cause": f"walk {j} {e.get('how')} at node {e.get('at')}, step {e.get('step')}"
+                + tail,
+            }
+        )
+    for r in reroutes:
+        j = r.get("token")
+        if ends.get(j, {}).get("how") == "completed":
+            out.append(
+                {
+                    "node": r.get("peer"),
+                    "step": r.get("step"),
+                    "cause": f"walk {j} re-routed at node {r['at']} away from node "
+                    f"{r.get('peer')} at step {r.get('step')} ({r.get('reason')})",
+                }
+            )
+    return out
+
+
+def render(problems_: list[dict], limit: int = 8) -> list[str]:
+    """Lines for the terminal: ``node N, step S: cause``."""
+    lines = []
+    for p in problems_[:limit]:
+        where = "run" if p["node"] is None else f"node {p['node']}"
+        if p.get("step") is not None:
+            where += f", step {p['step']}"
+        lines.append(f"{where}: {p['cause']}")
+    if len(problems_) > limit:
+        lines.append(f"... and {len(problems_) - limit} more (summary.json: 'problems')")
+    return lines
