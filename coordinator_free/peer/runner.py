@@ -127,6 +127,18 @@ async def run_peer(
         params=node_params(cfg, plan, node_id),
         mode=0o600,  # what a node saw is its own business
     )
+    # The node's value, noise and minibatches come from streams seeded by its own private key
+    # (nobody else can recompute them, whatever they know of the config), salted by the run id,
+    # the config's digest and a nonce drawn now: a second run never repeats them. The nonce is
+    # public (useless without the key) and logged so the launcher can rebuild the streams.
+    own = seeds.NodeSecretStreams(
+        key,
+        roster.run_id_bytes,
+        node_id,
+        config_digest=seeds.config_digest(cfg),
+        nonce=seeds.fresh_nonce(),
+    )
+    vlog.write(seeds.STREAMS_RECORD, **own.record())
     net = PeerNet(
         node_id=node_id,
         static_key=key,
@@ -146,9 +158,6 @@ async def run_peer(
         vlog.write("connected", peers=neighbours)
         progress.emit(event="connected", node=node_id)
 
-        # The node's value, noise and minibatches come from streams seeded by its own private
-        # key: nobody else can recompute them, whatever they know of the config.
-        own = seeds.NodeSecretStreams(key, roster.run_id_bytes, node_id)
         engine = family.node_engine(cfg, plan, node_id, own)
         finish = await drive(engine, net, vlog, progress, deadline)
         result = PeerResult(**finish.result, **traffic(net), channels=channels)
