@@ -3,22 +3,30 @@
 Two sources of streams, with the same interface (``.stream(purpose, node, round)``):
 
 * :class:`NodeSecretStreams` — what a peer uses for everything that must stay private (its
-  private demo value, its local noise). The seed material is derived from the node's own
-  X25519 private key with HKDF-SHA256, domain-separated by the run id, purpose, node and round,
-  and the full 256-bit output seeds the generator (never folded to fewer bits). Nobody without
-  the node's private key can recompute the node's noise, even knowing the whole config.
+  private demo value, its local noise, its minibatches, its hop draws). The seed material is
+  derived from the node's own X25519 private key with HKDF-SHA256. The salt binds the run: the
+  roster's run id, a digest of the run's config (:func:`config_digest`) and a 128-bit nonce the
+  peer draws afresh when it starts (:func:`fresh_nonce`), so a second run with the same roster,
+  keys and config never draws the same numbers. The info separates purpose, node and round, and
+  the full 256-bit output seeds the generator (never folded to fewer bits). Nobody without the
+  node's private key can recompute the node's noise, even knowing the whole config and the
+  nonce (which is public: the peer writes it to its view log as a ``streams`` record).
 * :class:`PublicSeedStreams` — ``SeedSequence(run.seed, spawn_key=(purpose, node, round))``, for
   pure simulation (``cfree simulate`` without a run directory) where nothing is secret.
 
 Given the same source, peers and the reference simulator draw exactly the same numbers, so a
 fault-free networked run can be checked against the simulator bit for bit (the local launcher
-holds every key of its run and can rebuild the node streams).
+holds every key of its run and rebuilds the node streams with :func:`streams_of_run`, reading
+each node's nonce and config digest from its view log).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import secrets
 import struct
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from cryptography.hazmat.primitives import hashes, serialization
@@ -26,6 +34,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from coordinator_free import rundir
+from coordinator_free.errors import CfreeError
+from coordinator_free.viewlog import read_viewlog
 
 PURPOSE_DATA = 1
 PURPOSE_NOISE = 2
@@ -34,6 +44,34 @@ PURPOSE_CLOCK = 4  # randomized gossip: the nodes' Poisson clocks (public stream
 PURPOSE_HOP = 5  # token protocols: the holder's draw of the next hop (secret, like its noise)
 
 _INFO = b"coordinator-free/v1 node stream"
+_SALT = b"coordinator-free/v2 node stream salt"
+NONCE_BYTES = 16
+DIGEST_BYTES = 32
+#: The view-log record in which a peer writes what its streams were derived from.
+STREAMS_RECORD = "streams"
+
+
+class StreamsError(CfreeError, ValueError):
+    """A run's node streams cannot be rebuilt (no nonce recorded, a malformed record)."""
+
+
+def config_digest(cfg: Any) -> bytes:
+    """SHA-256 of the config's public parameters (``cfg.to_dict()``, or such a dict), serialised
+    canonically: sorted keys, no whitespace, ASCII only, no NaN."""
+    data = cfg.to_dict() if hasattr(cfg, "to_dict") else cfg
+    text = json.dumps(
+        data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    )
+    return hashlib.sha256(text.encode("ascii")).digest()
+
+
+def fresh_nonce() -> bytes:
+    """A new 128-bit nonce for a node's streams (from the OS's CSPRNG)."""
+    return secrets.token_bytes(NONCE_BYTES)
+
+
+def _stream_salt(run_id: bytes, digest: bytes, nonce: bytes) -> bytes:
+    return hashlib.sha256(_SALT + struct.pack(">I", len(run_id)) + run_id + digest + nonce).digest()
 
 
 class Streams(Protocol):
@@ -54,16 +92,39 @@ class PublicSeedStreams:
 
 
 class NodeSecretStreams:
-    """Streams only the holder of a node's private key can reproduce."""
+    """Streams only the holder of a node's private key can reproduce.
 
-    def __init__(self, key: X25519PrivateKey, run_id: bytes, node: int):
+    ``config_digest`` (32 bytes, :func:`config_digest`) and ``nonce`` (16 bytes, drawn by the
+    peer at start with :func:`fresh_nonce`) make the streams of every run distinct, even with
+    the same roster, keys and config."""
+
+    def __init__(
+        self,
+        key: X25519PrivateKey,
+        run_id: bytes,
+        node: int,
+        *,
+        config_digest: bytes,
+        nonce: bytes,
+    ):
         self._ikm = key.private_bytes(
             serialization.Encoding.Raw,
             serialization.PrivateFormat.Raw,
             serialization.NoEncryption(),
         )
         self._run_id = bytes(run_id)
+        if len(config_digest) != DIGEST_BYTES:
+            raise StreamsError(f"a config digest is {DIGEST_BYTES} bytes, got {len(config_digest)}")
+        if len(nonce) != NONCE_BYTES:
+            raise StreamsError(f"a stream nonce is {NONCE_BYTES} bytes, got {len(nonce)}")
+        self.config_digest, self.nonce = bytes(config_digest), bytes(nonce)
+        self._salt = _stream_salt(self._run_id, self.config_digest, self.nonce)
         self.node = node
+
+    def record(self) -> dict[str, str]:
+        """The fields of the node's ``streams`` view-log record: what its streams were derived
+        from besides its private key (public values: useless without the key)."""
+        return {"nonce": self.nonce.hex(), "config_digest": self.config_digest.hex()}
 
     @property
     def run_id(self) -> bytes:
@@ -71,11 +132,11 @@ class NodeSecretStreams:
 
     def derive(self, info: bytes) -> bytes:
         """32 bytes of key material for another purpose of this node's run (HKDF-SHA256 of the
-        private key with the run id as salt and ``info`` as context): e.g. the node's X25519
-        key for a protocol's pairwise seed exchange."""
-        return HKDF(
-            algorithm=hashes.SHA256(), length=32, salt=self._run_id, info=bytes(info)
-        ).derive(self._ikm)
+        private key with the run's salt and ``info`` as context): e.g. the node's X25519 key for
+        a protocol's pairwise seed exchange."""
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=self._salt, info=bytes(info)).derive(
+            self._ikm
+        )
 
     def stream(self, purpose: int, node: int, round_: int = 0) -> np.random.Generator:
         if node != self.node:
@@ -83,7 +144,7 @@ class NodeSecretStreams:
         okm = HKDF(
             algorithm=hashes.SHA256(),
             length=32,
-            salt=self._run_id,
+            salt=self._salt,
             info=_INFO + struct.pack(">IIQ", purpose, node, round_),
         ).derive(self._ikm)
         ss = np.random.SeedSequence(entropy=int.from_bytes(okm, "big"))
@@ -103,21 +164,70 @@ class PerNodeStreams:
         return self._by_node[v]
 
 
+def read_streams_record(log_path) -> tuple[bytes, bytes]:
+    """(nonce, config digest) from the ``streams`` record of a node's view log."""
+    try:
+        log = read_viewlog(log_path)
+    except FileNotFoundError:
+        raise StreamsError(
+            f"{log_path} does not exist: the node's streams cannot be rebuilt without the "
+            "nonce it drew"
+        ) from None
+    found = log.of_kind(STREAMS_RECORD)
+    if len(found) != 1:
+        raise StreamsError(
+            f"{log_path}: expected one {STREAMS_RECORD!r} record (the node's stream nonce), "
+            f"found {len(found)}"
+        )
+    rec = found[0]
+    try:
+        nonce = bytes.fromhex(rec["nonce"])
+        digest = bytes.fromhex(rec["config_digest"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StreamsError(f"{log_path}: malformed {STREAMS_RECORD!r} record: {exc}") from None
+    if len(nonce) != NONCE_BYTES or len(digest) != DIGEST_BYTES:
+        raise StreamsError(
+            f"{log_path}: the {STREAMS_RECORD!r} record needs a {NONCE_BYTES}-byte nonce and a "
+            f"{DIGEST_BYTES}-byte config digest"
+        )
+    return nonce, digest
+
+
+class _Unrecoverable:
+    """A node whose streams cannot be rebuilt (it never wrote its nonce): any use says why."""
+
+    def __init__(self, node: int, why: str):
+        self.node, self._why = node, why
+
+    def __getattr__(self, name: str):
+        raise StreamsError(f"node {self.node}'s streams cannot be rebuilt: {self._why}")
+
+    def stream(self, purpose: int, node: int, round_: int = 0) -> np.random.Generator:
+        raise StreamsError(f"node {self.node}'s streams cannot be rebuilt: {self._why}")
+
+
 def streams_of_run(run_dir, n: int) -> PerNodeStreams:
-    """The node streams of a local run directory (reads every private key under keys/)."""
+    """The node streams of a local run directory: every private key under keys/, each node's
+    nonce and config digest from the ``streams`` record of its view log. A node that never
+    wrote one (it did not start) raises :class:`StreamsError` when its streams are used."""
     from pathlib import Path
 
     from coordinator_free import roster as roster_mod
 
     run_dir = Path(run_dir)
     ros = roster_mod.load_roster(rundir.roster_path(run_dir))
-    return PerNodeStreams(
-        {
-            v: NodeSecretStreams(
-                roster_mod.load_private_key(roster_mod.key_path(run_dir / "keys", v)),
-                ros.run_id_bytes,
-                v,
-            )
-            for v in range(n)
-        }
-    )
+    by_node: dict[int, NodeSecretStreams] = {}
+    for v in range(n):
+        try:
+            nonce, digest = read_streams_record(rundir.log_path(run_dir, v))
+        except StreamsError as exc:
+            by_node[v] = _Unrecoverable(v, str(exc))  # type: ignore[assignment]
+            continue
+        by_node[v] = NodeSecretStreams(
+            roster_mod.load_private_key(roster_mod.key_path(run_dir / "keys", v)),
+            ros.run_id_bytes,
+            v,
+            config_digest=digest,
+            nonce=nonce,
+        )
+    return PerNodeStreams(by_node)

@@ -38,7 +38,7 @@ SMALL = [
 
 def _node_streams(seed: bytes, node: int, run_id: bytes = b"run-1") -> seeds.NodeSecretStreams:
     key = X25519PrivateKey.from_private_bytes(seed)
-    return seeds.NodeSecretStreams(key, run_id, node)
+    return seeds.NodeSecretStreams(key, run_id, node, config_digest=bytes(32), nonce=bytes(16))
 
 
 # ------------------------------------------------------------------------------ 1. key agreement

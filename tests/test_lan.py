@@ -676,13 +676,15 @@ def run_lan_flow(tmp_path: Path, invoke) -> None:
     assert rep["fault_free"] is True and rep["integrity"] == [], rep["integrity"]
     assert [o["observer"] for o in rep["observers"]] == list(range(N_LAN))
     assert_audit_equals_plan(rep, make_plan(cfg), tol=1e-9)
+
     # And the peers computed exactly what the reference simulator computes with their keys.
-    streams = seeds.PerNodeStreams(
-        {
-            v: seeds.NodeSecretStreams(roster.load_private_key(key_files[v]), ros.run_id_bytes, v)
-            for v in range(N_LAN)
-        }
-    )
+    def own_streams(v: int) -> seeds.NodeSecretStreams:
+        # The nonce and config digest each peer drew its streams with are in its view log.
+        nonce, digest = seeds.read_streams_record(run / "logs" / f"node-{v}.vlog")
+        key = roster.load_private_key(key_files[v])
+        return seeds.NodeSecretStreams(key, ros.run_id_bytes, v, config_digest=digest, nonce=nonce)
+
+    streams = seeds.PerNodeStreams({v: own_streams(v) for v in range(N_LAN)})
     ref = sim.simulate(cfg, streams=streams)
     for v in range(N_LAN):
         res = json.loads((run / "results" / f"node-{v}.json").read_text())

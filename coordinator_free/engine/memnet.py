@@ -435,10 +435,12 @@ class MemNet:
 # ---------------------------------------------------------------------------------- helpers
 
 
-def node_streams(seed: int, n: int) -> seeds.PerNodeStreams:
-    """Per-node secret streams of an in-memory run (keys derived from ``seed``): the streams
+def node_streams(seed: int, n: int, cfg=None) -> seeds.PerNodeStreams:
+    """Per-node secret streams of an in-memory run, deterministic from ``seed``: keys and
+    nonces derived from it, the config digest of ``cfg`` (a fixed one without it). The streams
     a run's peers would use; hand them to the simulator to compare bit for bit."""
     run_id = hashlib.sha256(b"memnet run %d" % seed).digest()[:16]
+    digest = seeds.config_digest(cfg) if cfg is not None else hashlib.sha256(b"memnet").digest()
     return seeds.PerNodeStreams(
         {
             v: seeds.NodeSecretStreams(
@@ -447,6 +449,8 @@ def node_streams(seed: int, n: int) -> seeds.PerNodeStreams:
                 ),
                 run_id,
                 v,
+                config_digest=digest,
+                nonce=hashlib.sha256(b"memnet nonce %d %d" % (seed, v)).digest()[:16],
             )
             for v in range(n)
         }
@@ -467,7 +471,7 @@ def run_config(
 
     family = family_of(cfg.protocol.name)
     plan = family.make_plan(cfg)
-    streams = node_streams(seed, plan.n)
+    streams = node_streams(seed, plan.n, cfg)
     if faults is None and cfg.faults.inject:
         faults = Faults.of_config(cfg)
     make = engine_of or family.node_engine

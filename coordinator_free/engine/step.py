@@ -21,6 +21,9 @@ Exchange rules (the behaviour the view logs and the auditor rely on):
 * A neighbour whose channel is down is waited for only during a grace period after it went
   down; a PeerUp brings it back and it gets our current value again at once.
 * Every value received is logged, used or not: the auditor counts what the node saw.
+* A value holding NaN or an infinity is refused: logged as a ``bad-message`` of kind
+  ``non-finite``, never used. For its step it counts as not received (the ``miss`` record says
+  ``refused``), and the node does not wait for that neighbour's step value any longer.
 * At the end the node says ``done`` and waits (one deadline at most) for its neighbours', so a
   normal end is never mistaken for a crash.
 """
@@ -150,6 +153,7 @@ class StepEngine:
         self.buffered: dict[tuple[int, int], np.ndarray] = {}  # (step, peer) -> value
         self.missed: list[dict] = []
         self.late = 0
+        self.refused: set[tuple[int, int]] = set()  # (step, peer) of non-finite values
         # Protocol messages other than values (kind -> handler(peer, message)), e.g. decor's.
         self.handlers: dict[str, Callable[[int, Message], None]] = {}
         # peer -> the latest step of which a value arrived from it (on time, early or late):
@@ -276,13 +280,19 @@ class StepEngine:
     def _exchange_complete(self, now: float) -> bool:
         if now >= self._until:
             return True
-        return not any(w not in self._got and self._waitable(w, now) for w in self._partners)
+        t = self._req.t
+        return not any(
+            w not in self._got and (t, w) not in self.refused and self._waitable(w, now)
+            for w in self._partners
+        )
 
     def _complete_exchange(self, now: float) -> None:
         t = self._req.t
         for w in self._partners:
             if w not in self._got:
-                if w in self.finished_peers:
+                if (t, w) in self.refused:
+                    reason = "refused"
+                elif w in self.finished_peers:
                     reason = "finished"
                 elif w in self.down:
                     reason = "peer-down"
@@ -335,6 +345,9 @@ class StepEngine:
         if peer not in self.partners_at(m.step):
             self.out.log("bad-message", step=t, peer=peer, kind="not-a-partner", at=m.step)
             return
+        if not np.isfinite(value).all():
+            self._refuse(t, peer, m.step, got)
+            return
         self.heard[peer] = max(m.step, self.heard.get(peer, -1))
         if m.step < t:
             self.late += 1
@@ -347,6 +360,14 @@ class StepEngine:
         else:
             self.buffered[(m.step, peer)] = value
             self._log_value("recv", m.step, peer, value)
+
+    def _refuse(self, t: int, peer: int, step: int, got: dict) -> None:
+        """A value with NaN or an infinity: logged, never used. Unless a good value of that
+        step already arrived, the step counts it as not received (a ``refused`` miss)."""
+        self.out.log("bad-message", step=t, peer=peer, kind="non-finite", at=step)
+        have = (step == t and peer in got) or (step, peer) in self.buffered
+        if step >= t and not have:
+            self.refused.add((step, peer))
 
     # ------------------------------------------------------------------ gather
 
@@ -389,9 +410,13 @@ class StepEngine:
                 and 0 <= m.step < self.steps
                 and ev.peer in self.partners_at(m.step)
             ):
+                value = np.array(m.payload, dtype=np.float64)
+                if not np.isfinite(value).all():
+                    self._refuse(self.steps, ev.peer, m.step, {})
+                    return
                 # Values still arriving are logged as late.
                 self.late += 1
-                self._log_value("late", m.step, ev.peer, np.array(m.payload), now=self.steps)
+                self._log_value("late", m.step, ev.peer, value, now=self.steps)
 
     def _finish(self) -> None:
         self._phase = "done"

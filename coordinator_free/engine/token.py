@@ -31,6 +31,9 @@ Hand-off of token j at step s from holder a to b (each message names (j, s)):
   DOWN_GRACE_DEADLINES deadlines can neither receive a token nor hear of its end: it ends its
   open walks as ``cut-off`` there. A run-level bound ends the loop in any case.
 
+A token value holding NaN or an infinity is refused (``bad-message`` of kind ``non-finite``):
+never used, never acknowledged, so its sender re-routes the token at its deadline.
+
 Every value the node saw is logged (``token-seen``, with the sender, since TCP shows who sent
 it), every step it made (``token-step``: step, whether its data went in), every send, re-route,
 loss and end. Never its data, its noise or its hop draws.
@@ -323,6 +326,10 @@ class TokenEngine:
                 self.out.log("bad-message", peer=peer, kind="token", token=token, at=step)
                 return
             value = np.array(m.payload, dtype=np.float64)
+            if not np.isfinite(value).all():
+                # Never used and not acknowledged: the sender re-routes at its deadline.
+                self.out.log("bad-message", peer=peer, kind="non-finite", token=token, at=step)
+                return
             if (token, step) in self.seen:
                 self.out.log("duplicate", token=token, step=step, peer=peer)
                 if (token, step) in self.incoming:

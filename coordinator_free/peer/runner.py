@@ -142,6 +142,18 @@ async def run_peer(
         params=node_params(cfg, plan, node_id),
         mode=0o600,  # what a node saw is its own business
     )
+    # The node's value, noise and minibatches come from streams seeded by its own private key
+    # (nobody else can recompute them, whatever they know of the config), salted by the run id,
+    # the config's digest and a nonce drawn now: a second run never repeats them. The nonce is
+    # public (useless without the key) and logged so the launcher can rebuild the streams.
+    own = seeds.NodeSecretStreams(
+        key,
+        roster.run_id_bytes,
+        node_id,
+        config_digest=seeds.config_digest(cfg),
+        nonce=seeds.fresh_nonce(),
+    )
+    vlog.write(seeds.STREAMS_RECORD, **own.record())
     fp = cfg.fault_plan
     link = link_faults(cfg, node_id)
     injector = Injector(fp.nan_steps(node_id), link, neighbours, vlog)
@@ -169,9 +181,6 @@ async def run_peer(
         vlog.write("connected", peers=neighbours)
         progress.emit(event="connected", node=node_id)
 
-        # The node's value, noise and minibatches come from streams seeded by its own private
-        # key: nobody else can recompute them, whatever they know of the config.
-        own = seeds.NodeSecretStreams(key, roster.run_id_bytes, node_id)
         engine = family.node_engine(cfg, plan, node_id, own)
         finish = await drive(engine, net, vlog, progress, deadline, injector.outgoing)
         result = PeerResult(

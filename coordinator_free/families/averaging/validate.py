@@ -3,7 +3,14 @@ node."""
 
 from __future__ import annotations
 
-from coordinator_free.checks import VALUE_KINDS
+from coordinator_free.checks import (
+    VALUE_KINDS,
+    Need,
+    check_memory,
+    graph_keys,
+    graph_needs,
+    graph_size,
+)
 from coordinator_free.errors import ConfigError
 from coordinator_free.families.catalog import LEARNING_ALL
 
@@ -33,3 +40,26 @@ def validate_values(cfg, s: str) -> None:
             f"{s}: data.dim {d.dim} needs frames of about {need} bytes but "
             f"network.max_frame_bytes is {nw.max_frame_bytes}; raise it or lower data.dim"
         )
+    check_memory(s, value_needs(cfg, s))
+
+
+def value_needs(cfg, s: str) -> list:
+    """What a gossip averaging plan allocates: the graph, its dense gossip matrix (with the
+    eigenvalue workspace of its spectral gap and the exact accountant's Krylov basis), the
+    simulator's values of every node and, for randomized gossip, the exchange schedule."""
+    n, edges = graph_size(cfg, s)
+    dim = cfg.data.dim
+    needs = graph_needs(
+        cfg, n, 4, "gossip matrix, eigenvalue workspace, accountant's Krylov basis", edges
+    )
+    needs.append(
+        Need(
+            32.0 * n * dim,
+            f"{graph_keys(cfg.graph, n)}, data.dim = {dim}",
+            f"the simulator's {n} x {dim} node values",
+        )
+    )
+    steps = cfg.protocol.steps
+    if cfg.family.clocks and isinstance(steps, int):
+        needs.append(Need(200.0 * steps, f"protocol.steps = {steps}", "the exchange schedule"))
+    return needs

@@ -10,7 +10,8 @@ Every round the node adds the term of each *active* pair: a pair with a secret t
 dropped. A pair is dropped, from the next round on, when
 
 * the neighbour's channel went down or it said it was done, so its value of a round was
-  missed, or it missed the deadline ``DROP_AFTER_DEADLINES`` rounds in a row with none of those
+  missed, or its value of a round was refused (NaN or an infinity: the step engine counts it
+  as not received, reason ``refused``), or it missed the deadline ``DROP_AFTER_DEADLINES`` rounds in a row with none of those
   values arriving even late (a neighbour that is merely late — e.g. waiting out a crashed
   neighbour of its own — is still computing its rounds and adding its side, so its pair is
   kept): the

@@ -5,13 +5,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from coordinator_free.checks import CLIPPINGS, MODEL_KINDS, PARTITIONS, int_or_auto
+from coordinator_free.checks import (
+    CLIPPINGS,
+    MODEL_KINDS,
+    PARTITIONS,
+    Need,
+    check_memory,
+    graph_keys,
+    graph_needs,
+    graph_size,
+    int_or_auto,
+)
 from coordinator_free.errors import ConfigError
 from coordinator_free.ml.datasets import DATASET_KINDS
 
 
-def validate_learning(cfg, s: str) -> None:
-    """Keys of the learning protocols (checked only when one of them is selected)."""
+def validate_learning(cfg, s: str, *, memory: bool = True) -> None:
+    """Keys of the learning protocols (checked only when one of them is selected), then the
+    memory the plan needs (``memory=False``: the caller checks it with its own needs)."""
     pr, d, m = cfg.protocol, cfg.data, cfg.model
     if d.kind not in DATASET_KINDS:
         raise ConfigError(
@@ -83,3 +94,66 @@ def validate_learning(cfg, s: str) -> None:
         raise ConfigError(f"{s}: model.l2 must be >= 0, got {m.l2}")
     if m.kind == "ridge" and m.l2 <= 0:
         raise ConfigError(f'{s}: model.kind = "ridge" needs model.l2 > 0')
+    if memory:
+        check_memory(s, learning_needs(cfg, s))
+
+
+#: Model parameters of the bundled scikit-learn datasets (features + intercept, x classes
+#: above 2) and their size in float64 values (examples x features).
+_SKLEARN = {"breast_cancer": (31, 569 * 30), "digits": (650, 1797 * 64), "wine": (42, 178 * 13)}
+
+
+def dataset_needs(cfg, s: str, n: int) -> tuple[list[Need], int]:
+    """The dataset's allocations (raw, split, standardised and normalised copies) and the
+    model's number of parameters (0 when only the file tells)."""
+    d = cfg.data
+    if d.kind == "quadratic":
+        k = f"data.features = {d.features}, {graph_keys(cfg.graph, n)}"
+        rows = float(n) * d.features
+        what = f"the quadratic task's {rows:.3g} x {d.features} design matrix and its copies"
+        return [Need(24.0 * rows * d.features, k, what)], d.features
+    if d.kind in ("synthetic-logistic", "synthetic-lstsq"):
+        k = f"data.samples = {d.samples}, data.features = {d.features}"
+        what = f"the {d.samples} x {d.features} synthetic dataset and its copies"
+        return [Need(32.0 * d.samples * d.features, k, what)], d.features + 1
+    if d.kind in _SKLEARN:
+        dim, values = _SKLEARN[d.kind]
+        return [Need(32.0 * values, f"data.kind = {d.kind}", "the dataset")], dim
+    # csv / libsvm: about 8 bytes of values per byte of text, in a few copies
+    try:
+        size = Path(d.path).stat().st_size if d.path else 0
+    except OSError:
+        size = 0
+    return [Need(32.0 * size, f"data.path = {d.path}", "the dataset read from the file")], 0
+
+
+def learning_needs(cfg, s: str) -> list[Need]:
+    """What a learning plan allocates: the graph and its dense matrices (per round with
+    graph.resample), the dataset, and every node's model after every round (the simulator
+    keeps them all, twice)."""
+    n, edges = graph_size(cfg, s)
+    pr = cfg.protocol
+    decor = cfg.family.correlated_noise
+    what = "gossip matrix, eigenvalue workspace, accountant's basis"
+    if decor:
+        what += ", the accountant's Laplacian eigendecomposition"
+    needs = graph_needs(cfg, n, 6 if decor else 4, what, edges)
+    if cfg.graph.resample:
+        g = graph_needs(cfg, n, 1, "", edges)
+        needs.append(
+            Need(
+                pr.rounds * sum(x.nbytes for x in g),
+                f"protocol.rounds = {pr.rounds}, {graph_keys(cfg.graph, n)} (graph.resample)",
+                f"a graph and a dense gossip matrix for each of {pr.rounds} rounds",
+            )
+        )
+    data, dim = dataset_needs(cfg, s, n)
+    needs += data
+    needs.append(
+        Need(
+            16.0 * (pr.rounds + 1) * n * dim,
+            f"protocol.rounds = {pr.rounds}, {graph_keys(cfg.graph, n)}, {dim} model parameters",
+            f"every node's model after each of {pr.rounds} rounds",
+        )
+    )
+    return needs

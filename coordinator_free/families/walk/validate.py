@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from coordinator_free.checks import VALUE_KINDS, int_or_auto
+from coordinator_free.checks import (
+    VALUE_KINDS,
+    Need,
+    check_memory,
+    graph_keys,
+    graph_needs,
+    graph_size,
+    int_or_auto,
+)
 from coordinator_free.errors import ConfigError
-from coordinator_free.families.learning.validate import validate_learning
+from coordinator_free.families.learning.validate import dataset_needs, validate_learning
 
 #: The graph each token protocol runs on (walk-sgd: any connected graph).
 WALK_GRAPH = {
@@ -72,10 +80,51 @@ def validate_walk(cfg, s: str) -> None:
             raise ConfigError(f"{s}: data.levels must be in 2..1000000, got {d.levels}")
         need = 8 * d.levels + 4096
     else:
-        validate_learning(cfg, s)
-        return
+        validate_learning(cfg, s, memory=False)
+        need = 0
     if need > cfg.network.max_frame_bytes:
         raise ConfigError(
             f"{s}: a token needs frames of about {need} bytes but network.max_frame_bytes is "
             f"{cfg.network.max_frame_bytes}; raise it"
         )
+    check_memory(s, walk_needs(cfg, s))
+
+
+def walk_needs(cfg, s: str) -> list[Need]:
+    """What a token plan allocates: the graph and its dense transition matrix (walk-sgd: the
+    gossip matrix and its eigenvalues), the tokens' values, a record per hop of every token
+    and, for walk-sgd, the dataset."""
+    pr, d = cfg.protocol, cfg.data
+    n, edges = graph_size(cfg, s)
+    sgd = pr.name not in WALK_GRAPH or pr.name == "complete-sgd"
+    needs = graph_needs(cfg, n, 3 if sgd else 2, "transition matrix and its workspace", edges)
+    if sgd:
+        data, dim = dataset_needs(cfg, s, n)
+        needs += data
+    else:
+        dim = d.levels if pr.name.endswith("-histogram") else d.dim
+    hops = (
+        pr.cycles * n
+        if pr.name.startswith("ring-")
+        else (10 * n if pr.hops == "auto" else int(pr.hops))
+    )
+    hop_keys = (
+        f"protocol.cycles = {pr.cycles}, {graph_keys(cfg.graph, n)}"
+        if pr.name.startswith("ring-")
+        else f"protocol.hops = {pr.hops}, {graph_keys(cfg.graph, n)}"
+    )
+    needs.append(
+        Need(
+            200.0 * hops * pr.tokens,
+            f"{hop_keys}, protocol.tokens = {pr.tokens}",
+            f"a record for each of {hops} hops of {pr.tokens} token(s)",
+        )
+    )
+    needs.append(
+        Need(
+            32.0 * pr.tokens * max(dim, 1),
+            f"protocol.tokens = {pr.tokens}, {dim} values per token",
+            "the tokens' values",
+        )
+    )
+    return needs
