@@ -412,7 +412,8 @@ class TokenEngine:
             if (
                 0 <= token < self.plan.tokens
                 and token not in self.ended
-                and how in ("completed", "lost", "stuck", "cut-off", "timeout")
+                and how in ("completed", "lost", "stuck", "cut-off")
+                and isinstance(step, int)
                 and (at is None or isinstance(at, int))
             ):
                 self._end(token, how, at, step)
