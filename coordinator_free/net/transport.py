@@ -814,7 +814,14 @@ class PeerNet:
                     data = await conn.reader.readexactly(n)
         except TimeoutError:
             raise TimeoutError(f"{what} not received within {timeout:g} s") from None
-        except asyncio.IncompleteReadError as exc:
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            if self._blocked(conn):
+                # A close from a node cut off by fault injection cannot cross the pulled cable:
+                # stay quiet until the link is unblocked, the silence detector ends this, or the
+                # read's deadline passes.
+                await self._quiet_while_blocked(conn, timeout, what)
+            if isinstance(exc, ConnectionError):
+                raise
             self._count_rx(conn, len(exc.partial))
             if exc.partial:
                 self._feed(conn, exc.partial)
@@ -826,6 +833,14 @@ class PeerNet:
         if not self._blocked(conn):
             conn.last_rx = time.monotonic()
         self._feed(conn, data)
+
+    async def _quiet_while_blocked(self, conn: _Conn, timeout: float | None, what: str) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while self._blocked(conn) and not conn.closed:
+            if deadline is not None and loop.time() >= deadline:
+                raise TimeoutError(f"{what} not received within {timeout:g} s")
+            await asyncio.sleep(0.05)
 
     def _feed(self, conn: _Conn, data: bytes) -> None:
         ch = conn.channel
