@@ -388,6 +388,8 @@ class PeerNet:
         self._pending_total = 0
         self._evicted = 0
         self._evict_logged: dict[str, float] = {}
+        self._neighbour_hosts: dict[str, int] = {}  # neighbours per roster host (cached)
+        self._hosts_at = -math.inf
         # Fault injection: connections closed while their peer was blocked, kept open silently.
         self._parked: dict[int, list[asyncio.WriteTransport]] = {}
         self._cids = itertools.count(1)
@@ -681,12 +683,16 @@ class PeerNet:
     def _source_share(self, source: str) -> int:
         """Pending handshakes allowed from ``source``: the per-source bound, plus one for each
         neighbour whose roster address is ``source`` (each has at most one dial in flight)."""
-        share = self._max_per_source
-        for p in self._neighbours:
-            addr = self._addresses.get(p)
-            if addr is not None and _source_address(addr) == source:
-                share += 1
-        return share
+        now = time.monotonic()
+        if now - self._hosts_at > 1.0:  # the address map may be filled in late: re-read it
+            hosts: dict[str, int] = {}
+            for p in self._neighbours:
+                addr = self._addresses.get(p)
+                if addr is not None:
+                    host = _source_address(addr)
+                    hosts[host] = hosts.get(host, 0) + 1
+            self._neighbour_hosts, self._hosts_at = hosts, now
+        return self._max_per_source + self._neighbour_hosts.get(source, 0)
 
     def _admit(self, conn: _Conn) -> None:
         """Count a new inbound connection among the pending handshakes, first closing the oldest
