@@ -781,8 +781,10 @@ class PeerNet:
             reason, level, graceful = f"malformed message: {exc}", logging.WARNING, False
         except TimeoutError as exc:
             reason, level, graceful = str(exc) or "timed out", logging.WARNING, False
-            if not conn.channel.established and not conn.channel.initiator:
-                level = logging.INFO  # half-open or slow strangers: routine, not an alarm
+            if not conn.channel.established:
+                # Half-open strangers, or our own dial across a cut link (reported through
+                # connect() and the redial): routine, not an alarm.
+                level = logging.INFO
         except OSError as exc:
             reason, level = f"{type(exc).__name__}: {exc}", logging.INFO
         except Exception as exc:  # a bug: close the connection, let _task_done log the trace
