@@ -264,8 +264,8 @@ class PeerNet:
 
     ``heartbeat_s``: send a heartbeat on every channel idle (nothing sent) for that long.
     ``silence_s``: declare a channel down when nothing (data or heartbeat) arrived on it for that
-    long; the :class:`PeerDown` follows within about ``silence_s`` plus one tick (half of
-    ``heartbeat_s``, or a quarter of ``silence_s`` without heartbeats) twice. The neighbours must
+    long; the :class:`PeerDown` follows within about ``silence_s`` plus two ticks, a tick being
+    half of ``heartbeat_s`` (a quarter of ``silence_s`` without heartbeats). The neighbours must
     send heartbeats more often than ``silence_s`` for idle channels to stay up; every node of a
     run should use the same values. ``None`` (the default) turns either off.
     ``max_pending_per_source``: pending inbound handshakes allowed from one source address (see
@@ -921,7 +921,11 @@ class PeerNet:
             elif conn.channel.mid_frame:
                 if conn.frame_deadline is None:
                     conn.frame_deadline = loop.time() + self._io_timeout
-                remaining = max(0.0, conn.frame_deadline - loop.time())
+                remaining = conn.frame_deadline - loop.time()
+                if remaining <= 0:
+                    raise TimeoutError(
+                        f"rest of the frame not received within {self._io_timeout:g} s"
+                    )
                 await self._read(conn, remaining, "rest of the frame")
             else:
                 conn.frame_deadline = None
@@ -1187,7 +1191,7 @@ class PeerNet:
             writer.close()
             return "node shutting down"
         conn = self._new_conn(reader, writer, peer=peer)
-        self._spawn(self._run_conn(conn))
+        conn.task = self._spawn(self._run_conn(conn))
         try:
             result = await asyncio.shield(conn.settled)
         except asyncio.CancelledError:
