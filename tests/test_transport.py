@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from coordinator_free.net.channel import ControlReceived, SecureChannel
 from coordinator_free.net.transport import (
+    HEARTBEAT,
     SELECT,
     Inbound,
     PeerDown,
@@ -512,3 +513,51 @@ def test_runs_under_uvloop():
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(scenario())
+
+
+# --------------------------------------------------------------------------- liveness frames
+
+
+async def test_heartbeats_are_life_but_not_messages(cluster):
+    a = cluster.add(0, [2], reconnect=False, silence_s=0.3)
+    await cluster.start(a)
+    rogue = Rogue(2, 0, cluster.addresses[0])
+    try:
+        await rogue.connect()
+        for _ in range(8):  # 0.8 s, over two silence periods, kept up by heartbeats alone
+            rogue.ch.send_control(HEARTBEAT)
+            rogue.writer.write(rogue.ch.data_to_send())
+            assert await a.next_event(0.1) is None
+        assert a.connected == {2}
+        s = a.stats[2]
+        assert s.heartbeats_received == 8 and s.frames_received == 0
+        rogue.ch.send_control(b"heartbeat?")  # any other control payload is still refused
+        rogue.writer.write(rogue.ch.data_to_send())
+        down = await next_of(a, PeerDown)
+        assert "unexpected control frame" in down.reason
+    finally:
+        await rogue.close()
+
+
+async def test_a_large_frame_in_transit_counts_as_life(cluster):
+    """A frame that takes longer than the silence period to arrive keeps the channel up while
+    its bytes keep coming (they are read as they arrive, not in one piece)."""
+    a = cluster.add(0, [2], reconnect=False, silence_s=0.3)
+    await cluster.start(a)
+    rogue = Rogue(2, 0, cluster.addresses[0])
+    try:
+        await rogue.connect()
+        payload = np.arange(100_000, dtype=np.float64)  # 800 kB
+        frame = rogue.frame(Message("value", 0, 0, payload=payload))
+        pieces = 12
+        size = -(-len(frame) // pieces)
+        for k in range(pieces):  # 12 x 0.1 s: four silence periods for one frame
+            rogue.writer.write(frame[k * size : (k + 1) * size])
+            await rogue.writer.drain()
+            if k < pieces - 1:
+                assert await a.next_event(0.1) is None
+        ev = await next_of(a, Inbound)
+        assert ev.peer == 2 and np.array_equal(ev.message.payload, payload)
+        assert a.connected == {2}
+    finally:
+        await rogue.close()

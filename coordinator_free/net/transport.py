@@ -4,13 +4,28 @@ A :class:`PeerNet` listens for its neighbours, dials them with bounded exponenti
 (peers start in any order), authenticates every connection against the roster, keeps exactly one
 channel per edge (:func:`~coordinator_free.net.channel.dup_dial_action`), and turns what arrives
 into events: :class:`Inbound` messages in arrival order, :class:`PeerDown` when a neighbour's
-channel closes or fails, :class:`PeerUp` when a lost neighbour is back.
+channel closes, fails or falls silent, :class:`PeerUp` when a lost neighbour is back.
 
 All crypto and framing decisions live in the sans-IO channel; this module only moves bytes,
 with a deadline on every await that can block progress: connecting, the handshake, the
 leader's choice of connection, the rest of a frame once its header has arrived, draining a send.
-An idle established channel may stay silent as long as it likes (rounds can be long); TCP
-keep-alive is enabled on every socket so a vanished host is eventually noticed.
+
+Liveness: with ``heartbeat_s`` set, every established channel carries an authenticated
+heartbeat (a control frame of the channel, not a data message) whenever nothing was sent on it
+for ``heartbeat_s``; with ``silence_s`` set, a channel on which nothing at all arrived for
+``silence_s`` is closed and a :class:`PeerDown` emitted (a cut link or a stopped peer, which TCP
+alone would not notice for minutes). Both run from one timer task. A channel is only declared
+silent if it still is at the next tick, so the node's own stalls (a long computation that blocks
+the event loop while the peer's heartbeats pile up in the socket) never produce a verdict: the
+readers get a turn first. Without ``silence_s`` an idle channel may stay silent as long as it
+likes; TCP keep-alive is enabled on every socket in any case.
+
+Pre-authentication: at most ``max_pending_handshakes`` inbound connections may be in their
+handshake at once, and at most ``max_pending_per_source`` from one source address (plus one per
+neighbour whose roster address is that address, so neighbours sharing a host, as on loopback,
+never crowd each other out). A source over its share loses its oldest pending connection; when
+the global cap is reached, the source with the most pending connections loses its oldest.
+Connections that do not complete the handshake within ``handshake_timeout`` are closed.
 
 Connections that fail (non-neighbours, unknown ids, wrong keys, other runs, garbage, oversized
 or tampered frames, malformed messages) are closed and logged on the ``coordinator_free.net``
@@ -18,17 +33,24 @@ logger; the node keeps running, and if the connection was a neighbour's establis
 :class:`PeerDown` is emitted. When an established channel drops and ``reconnect`` is on, the
 edge's leader (the lower id) redials with back-off for ``reconnect_timeout`` seconds and a
 :class:`PeerUp` follows if it succeeds.
+
+``faults`` (:class:`~coordinator_free.net.linkfaults.LinkFaults`) injects drops, duplicates,
+corruption, delays and cut links on the node's own channels, for fault experiments.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ipaddress
 import itertools
 import logging
+import math
 import os
 import random
 import socket
+import time
+from collections import deque
 from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +60,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from coordinator_free.engine.events import Inbound, NetEvent, PeerDown, PeerUp
 from coordinator_free.net.channel import (
     DEFAULT_MAX_FRAME,
+    HEADER_SIZE,
     TAG_SIZE,
     AuthenticationError,
     ChannelError,
@@ -50,6 +73,7 @@ from coordinator_free.net.channel import (
     dup_dial_action,
     edge_leader,
 )
+from coordinator_free.net.linkfaults import LinkFaults
 from coordinator_free.net.wire import Message, WireError, decode_message, encode_message
 
 __all__ = [
@@ -61,12 +85,18 @@ __all__ = [
     "PeerStats",
     "PeerUnreachable",
     "PeerUp",
+    "silence_reason",
 ]
 
 log = logging.getLogger("coordinator_free.net")
 
 #: Control frame payload with which an edge's leader selects the connection to use.
 SELECT = b"select"
+#: Control frame payload of a heartbeat: proof of life on an otherwise idle channel.
+HEARTBEAT = b"heartbeat"
+#: A frame body longer than this is read as it arrives rather than in one piece, so that a large
+#: frame in transit counts as life for the silence detector.
+CHUNK = 64 << 10
 #: StreamReader buffer limit: reading pauses once about twice this much is buffered and not yet
 #: consumed (readexactly of a larger frame still works, it resumes reading as it goes). Keeps
 #: what an unauthenticated connection can make us hold small.
@@ -107,14 +137,23 @@ class PeerGone(ConnectionError):
 @dataclass
 class PeerStats:
     """Traffic with one neighbour. Bytes count everything on the wire (handshakes, framing,
-    control) over connections authenticated as that neighbour; frames count messages."""
+    control, heartbeats) over connections authenticated as that neighbour; frames count data
+    messages (frames written to the wire: a message dropped by fault injection is not counted,
+    a duplicated one twice); heartbeats are counted apart."""
 
     bytes_sent: int = 0
     bytes_received: int = 0
     frames_sent: int = 0
     frames_received: int = 0
+    heartbeats_sent: int = 0
+    heartbeats_received: int = 0
     dial_attempts: int = 0
     connections: int = 0  # channels adopted for this edge (1 + reconnections)
+
+
+def silence_reason(quiet: float) -> str:
+    """The :class:`PeerDown` reason of a channel on which nothing arrived for ``quiet`` s."""
+    return f"silent for {quiet:.1f} s: no message or heartbeat (link cut, or the peer stopped)"
 
 
 class _Drop(Exception):
@@ -143,6 +182,17 @@ class _Conn:
         "select_deadline",
         "settled",
         "remote",
+        "source",
+        "pending",
+        "task",
+        "last_rx",
+        "last_tx",
+        "suspect",
+        "frame_deadline",
+        "delayed",
+        "delay_handle",
+        "corrupted",
+        "hs_suppressed",
     )
 
     def __init__(
@@ -167,6 +217,18 @@ class _Conn:
         self.settled = settled  # None when selected, else the reason it was dropped
         peer = writer.get_extra_info("peername")
         self.remote = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.source = _source_address(peer)  # the remote IP, the key of the per-source bound
+        self.pending = False  # an inbound connection counted among the pending handshakes
+        self.task: asyncio.Task[Any] | None = None
+        now = time.monotonic()
+        self.last_rx = now  # the last time bytes arrived (liveness)
+        self.last_tx = now  # the last time bytes were written (heartbeats)
+        self.suspect = False  # found silent at the previous liveness tick
+        self.frame_deadline: float | None = None  # the rest of the current frame is due by then
+        self.delayed: deque[tuple[float, bytes]] | None = None  # fault injection: delay queue
+        self.delay_handle: asyncio.TimerHandle | None = None
+        self.corrupted: int | None = None  # fault injection: the frame sent with a flipped bit
+        self.hs_suppressed = False  # fault injection: handshake bytes were withheld (blocked)
 
     @property
     def label(self) -> str:
@@ -179,6 +241,17 @@ class _Conn:
         return f"connection #{self.cid} from {self.remote}{who}"
 
 
+def _source_address(peer: object) -> str:
+    """The normalised IP of a socket address (IPv4-mapped IPv6 as IPv4), or its text."""
+    host = peer[0] if isinstance(peer, tuple) and peer else peer
+    try:
+        ip = ipaddress.ip_address(host)  # type: ignore[arg-type]
+    except ValueError:
+        return str(host)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return str(mapped or ip)
+
+
 # --------------------------------------------------------------------------- PeerNet
 
 
@@ -188,6 +261,15 @@ class PeerNet:
     ``addresses`` is read when dialling, so it may be a mapping the caller fills in after
     construction (e.g. once every node has bound port 0). ``neighbours`` are the only nodes this
     node dials or accepts. Timeouts are in seconds.
+
+    ``heartbeat_s``: send a heartbeat on every channel idle (nothing sent) for that long.
+    ``silence_s``: declare a channel down when nothing (data or heartbeat) arrived on it for that
+    long; the :class:`PeerDown` follows within about ``silence_s`` plus two ticks, a tick being
+    half of ``heartbeat_s`` (a quarter of ``silence_s`` without heartbeats). The neighbours must
+    send heartbeats more often than ``silence_s`` for idle channels to stay up; every node of a
+    run should use the same values. ``None`` (the default) turns either off.
+    ``max_pending_per_source``: pending inbound handshakes allowed from one source address (see
+    the module docstring). ``faults``: fault injection on this node's links.
     """
 
     def __init__(
@@ -208,6 +290,10 @@ class PeerNet:
         backoff_initial: float = 0.05,
         backoff_max: float = 1.0,
         max_pending_handshakes: int = 64,
+        max_pending_per_source: int = 8,
+        heartbeat_s: float | None = None,
+        silence_s: float | None = None,
+        faults: LinkFaults | None = None,
     ) -> None:
         roster = {nid: bytes(pub) for nid, pub in roster_keys.items()}
         nbrs = frozenset(neighbours)
@@ -235,6 +321,32 @@ class PeerNet:
         ):
             if not value > 0:
                 raise ValueError(f"{name} must be positive, got {value!r}")
+        for name, value in (
+            ("heartbeat_s", heartbeat_s),
+            ("silence_s", silence_s),
+        ):
+            if value is not None and not (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and value > 0
+            ):
+                raise ValueError(
+                    f"{name} must be a positive number of seconds or None, got {value!r}"
+                )
+        if heartbeat_s is not None and silence_s is not None and not silence_s > 2 * heartbeat_s:
+            raise ValueError(
+                f"silence_s ({silence_s:g} s) must exceed twice heartbeat_s ({heartbeat_s:g} s), "
+                "or healthy idle channels would be declared silent"
+            )
+        for name, count in (
+            ("max_pending_handshakes", max_pending_handshakes),
+            ("max_pending_per_source", max_pending_per_source),
+        ):
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ValueError(f"{name} must be a positive integer, got {count!r}")
+        if faults is not None and not isinstance(faults, LinkFaults):
+            raise TypeError(f"faults must be a LinkFaults or None, got {type(faults).__name__}")
         self._node_id = node_id
         self._static_key = static_key
         self._roster = roster
@@ -250,6 +362,16 @@ class PeerNet:
         self._backoff_initial = backoff_initial
         self._backoff_max = max(backoff_max, backoff_initial)
         self._max_pending = max_pending_handshakes
+        self._max_per_source = max_pending_per_source
+        self._heartbeat_s = None if heartbeat_s is None else float(heartbeat_s)
+        self._silence_s = None if silence_s is None else float(silence_s)
+        ticks = []
+        if self._heartbeat_s is not None:
+            ticks.append(self._heartbeat_s / 2)
+        if self._silence_s is not None:
+            ticks.append(self._silence_s / 4)
+        self._tick = max(0.005, min(ticks)) if ticks else None
+        self._faults = faults
 
         self._stats = {p: PeerStats() for p in sorted(nbrs)}
         self._selected: dict[int, _Conn] = {}
@@ -261,7 +383,15 @@ class PeerNet:
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._redials: dict[int, asyncio.Task[None]] = {}
-        self._pending_inbound = 0
+        # Inbound connections in their handshake, by source address, oldest first.
+        self._pending: dict[str, dict[_Conn, None]] = {}
+        self._pending_total = 0
+        self._evicted = 0
+        self._evict_logged: dict[str, float] = {}
+        self._neighbour_hosts: dict[str, int] = {}  # neighbours per roster host (cached)
+        self._hosts_at = -math.inf
+        # Fault injection: connections closed while their peer was blocked, kept open silently.
+        self._parked: dict[int, list[asyncio.WriteTransport]] = {}
         self._cids = itertools.count(1)
         self._rng = random.Random()
         self._server: asyncio.Server | None = None
@@ -293,6 +423,20 @@ class PeerNet:
     def stats(self) -> dict[int, PeerStats]:
         """A snapshot of per-neighbour traffic counters."""
         return {p: dataclasses.replace(s) for p, s in self._stats.items()}
+
+    @property
+    def pending_handshakes(self) -> dict[str, int]:
+        """Inbound connections in their handshake right now, by source address."""
+        return {src: len(conns) for src, conns in self._pending.items()}
+
+    @property
+    def handshakes_evicted(self) -> int:
+        """Pending inbound connections closed to make room (per-source share or global cap)."""
+        return self._evicted
+
+    @property
+    def faults(self) -> LinkFaults | None:
+        return self._faults
 
     def connection_count(self, peer: int) -> int:
         """Open authenticated connections with ``peer`` (1 once duplicates are resolved)."""
@@ -332,6 +476,10 @@ class PeerNet:
         name = server.sockets[0].getsockname()
         self._address = (name[0], name[1])
         log.info("node %d: listening on %s:%d", self._node_id, *self._address)
+        if self._tick is not None:
+            self._spawn(self._liveness())
+        if self._faults is not None:
+            self._faults.subscribe(self._on_faults_changed)
         return self._address
 
     async def connect(self, timeout: float) -> None:
@@ -365,7 +513,11 @@ class PeerNet:
     async def send(self, peer: int, msg: Message, *, timeout: float | None = None) -> None:
         """Encrypt and write ``msg`` to ``peer``, waiting (at most ``timeout``, default
         ``send_timeout``) until the transport has taken it. Raises :class:`PeerGone` if there is
-        no working channel (the channel is then closed and a :class:`PeerDown` emitted)."""
+        no working channel (the channel is then closed and a :class:`PeerDown` emitted).
+
+        With ``faults``, the message may be dropped, duplicated, corrupted or delayed, or lost
+        to a blocked link; the call returns normally in every case (it does not wait for a
+        delay)."""
         if peer not in self._neighbours:
             raise ValueError(f"node {peer} is not a neighbour of node {self._node_id}")
         conn = self._selected.get(peer)
@@ -375,13 +527,31 @@ class PeerNet:
             self._drop(conn, "connection lost", graceful=False)
             raise PeerGone(peer, "connection lost")
         data = encode_message(msg, max_size=self._max_frame - TAG_SIZE)
-        try:
-            conn.channel.send(data)
-        except ChannelError as exc:  # counter exhausted: this connection cannot send any more
-            self._drop(conn, str(exc), level=logging.WARNING, graceful=False)
-            raise PeerGone(peer, str(exc)) from None
-        self._write(conn, conn.channel.data_to_send())
-        self._stats[peer].frames_sent += 1
+        faults = self._faults
+        if faults is None:
+            copies, corrupt = 1, False
+        elif faults.is_blocked(peer):  # the cable is pulled: the message is lost, silently
+            faults.count_blocked()
+            return
+        else:
+            plan = faults.plan_send(peer)
+            copies, corrupt = plan.copies, plan.corrupt
+        for copy in range(copies):
+            try:
+                conn.channel.send(data)
+            except ChannelError as exc:  # counter exhausted: this connection cannot send more
+                self._drop(conn, str(exc), level=logging.WARNING, graceful=False)
+                raise PeerGone(peer, str(exc)) from None
+            frame = conn.channel.data_to_send()
+            if faults is None:
+                self._write(conn, frame)
+            else:
+                if corrupt and copy == 0:
+                    frame = self._corrupt(conn, peer, frame)
+                self._write_frame(conn, frame, faults.delay_s)
+            self._stats[peer].frames_sent += 1
+        if copies == 0:
+            return
         limit = self._send_timeout if timeout is None else timeout
         try:
             async with asyncio.timeout(limit):
@@ -418,6 +588,12 @@ class PeerNet:
         try:
             if self._server is not None:
                 self._server.close()
+            if self._faults is not None:
+                self._faults.unsubscribe(self._on_faults_changed)
+            for transports in self._parked.values():
+                for transport in transports:
+                    transport.abort()
+            self._parked.clear()
             for conn in list(self._conns):
                 self._drop(conn, "node shutting down", level=logging.DEBUG)
             tasks = list(self._tasks)
@@ -498,18 +674,87 @@ class PeerNet:
         if self._closing:
             writer.close()
             return
-        if self._pending_inbound >= self._max_pending:
-            log.warning(
-                "node %d: refusing connection from %s: %d handshakes already pending",
-                self._node_id,
-                writer.get_extra_info("peername"),
-                self._pending_inbound,
-            )
-            writer.transport.abort()
-            return
         conn = self._new_conn(reader, writer, peer=None)
-        self._pending_inbound += 1
-        self._spawn(self._run_conn(conn))
+        self._admit(conn)
+        conn.task = self._spawn(self._run_conn(conn))
+
+    # ----------------------------------------------------------------- pre-authentication bound
+
+    def _source_share(self, source: str) -> int:
+        """Pending handshakes allowed from ``source``: the per-source bound, plus one for each
+        neighbour whose roster address is ``source`` (each has at most one dial in flight)."""
+        now = time.monotonic()
+        if now - self._hosts_at > 1.0:  # the address map may be filled in late: re-read it
+            hosts: dict[str, int] = {}
+            for p in self._neighbours:
+                addr = self._addresses.get(p)
+                if addr is not None:
+                    host = _source_address(addr)
+                    hosts[host] = hosts.get(host, 0) + 1
+            self._neighbour_hosts, self._hosts_at = hosts, now
+        return self._max_per_source + self._neighbour_hosts.get(source, 0)
+
+    def _admit(self, conn: _Conn) -> None:
+        """Count a new inbound connection among the pending handshakes, first closing the oldest
+        pending connection of its source if the source is over its share, or of the busiest
+        source if the node is at its global cap."""
+        src = conn.source
+        bucket = self._pending.get(src)
+        if bucket is not None:
+            share = self._source_share(src)
+            while len(bucket) >= share:
+                self._evict(next(iter(bucket)), f"source {src} exceeds its share of {share}")
+                bucket = self._pending.get(src)
+                if bucket is None:
+                    break
+        if self._pending_total >= self._max_pending:
+            # The busiest source pays (ties: the one whose oldest connection is oldest, since
+            # dicts keep insertion order and max() keeps the first maximum).
+            busiest = max(self._pending, key=lambda k: len(self._pending[k]))
+            self._evict(
+                next(iter(self._pending[busiest])),
+                f"{self._max_pending} handshakes pending (the cap); {busiest} holds the most",
+            )
+        self._pending.setdefault(src, {})[conn] = None
+        self._pending_total += 1
+        conn.pending = True
+
+    def _unpend(self, conn: _Conn) -> None:
+        if not conn.pending:
+            return
+        conn.pending = False
+        self._pending_total -= 1
+        bucket = self._pending.get(conn.source)
+        if bucket is not None:
+            bucket.pop(conn, None)
+            if not bucket:
+                del self._pending[conn.source]
+
+    def _evict(self, conn: _Conn, why: str) -> None:
+        self._unpend(conn)
+        self._evicted += 1
+        # One INFO line per source and minute; the rest at DEBUG (a flood must not flood logs).
+        now = time.monotonic()
+        last = self._evict_logged.get(conn.source)
+        if last is None or now - last > 60.0:
+            if len(self._evict_logged) > 1024:
+                self._evict_logged.clear()
+            self._evict_logged[conn.source] = now
+            log.info(
+                "node %d: %s: closing pending unauthenticated connections, oldest first "
+                "(%d closed so far; further closes for this source are logged at DEBUG)",
+                self._node_id,
+                why,
+                self._evicted,
+            )
+        self._drop(
+            conn,
+            f"closed to make room for new connections: {why}",
+            level=logging.DEBUG,
+            graceful=False,
+        )
+
+    # ----------------------------------------------------------------- a connection's life
 
     async def _run_conn(self, conn: _Conn) -> None:
         reason, level, graceful = "connection closed", logging.INFO, True
@@ -517,8 +762,7 @@ class PeerNet:
             try:
                 await self._handshake(conn)
             finally:
-                if not conn.channel.initiator:
-                    self._pending_inbound -= 1
+                self._unpend(conn)
             self._on_established(conn)
             await self._read_loop(conn)
         except asyncio.CancelledError:
@@ -537,6 +781,10 @@ class PeerNet:
             reason, level, graceful = f"malformed message: {exc}", logging.WARNING, False
         except TimeoutError as exc:
             reason, level, graceful = str(exc) or "timed out", logging.WARNING, False
+            if not conn.channel.established:
+                # Half-open strangers, or our own dial across a cut link (reported through
+                # connect() and the redial): routine, not an alarm.
+                level = logging.INFO
         except OSError as exc:
             reason, level = f"{type(exc).__name__}: {exc}", logging.INFO
         except Exception as exc:  # a bug: close the connection, let _task_done log the trace
@@ -547,23 +795,60 @@ class PeerNet:
             if not self._closing:
                 self._writers.discard(conn.writer)
 
+    def _blocked(self, conn: _Conn) -> bool:
+        """Fault injection: is the node at the other end (authenticated, dialled or claimed in
+        the first message) cut off right now?"""
+        faults = self._faults
+        if faults is None or not faults.blocked:
+            return False
+        peer = conn.peer if conn.peer is not None else conn.channel.peer_id
+        return faults.is_blocked(peer)
+
     async def _read(self, conn: _Conn, timeout: float | None, what: str) -> None:
-        """Read exactly what the channel needs next and feed it; dispatch resulting events."""
+        """Read what the channel needs next and feed it; dispatch resulting events.
+
+        A large frame body is taken as it arrives (so its progress counts as life); everything
+        else is read exactly.
+        """
         ch = conn.channel
         n = ch.bytes_needed()
         try:
             async with asyncio.timeout(timeout):
-                data = await conn.reader.readexactly(n)
+                if n > CHUNK and ch.established:
+                    data = await conn.reader.read(n)
+                    if not data:
+                        raise asyncio.IncompleteReadError(b"", n)
+                else:
+                    data = await conn.reader.readexactly(n)
         except TimeoutError:
             raise TimeoutError(f"{what} not received within {timeout:g} s") from None
-        except asyncio.IncompleteReadError as exc:
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            if self._blocked(conn):
+                # A close from a node cut off by fault injection cannot cross the pulled cable:
+                # stay quiet until the link is unblocked, the silence detector ends this, or the
+                # read's deadline passes.
+                await self._quiet_while_blocked(conn, timeout, what)
+            if isinstance(exc, ConnectionError):
+                raise
             self._count_rx(conn, len(exc.partial))
             if exc.partial:
                 self._feed(conn, exc.partial)
             ch.receive_eof()  # raises if the close cut a handshake or frame short
             raise _Drop("connection closed by peer", logging.INFO) from None
-        self._count_rx(conn, n)
+        if conn.closed:
+            raise _Drop("connection closed", logging.DEBUG)
+        self._count_rx(conn, len(data))
+        if not self._blocked(conn):
+            conn.last_rx = time.monotonic()
         self._feed(conn, data)
+
+    async def _quiet_while_blocked(self, conn: _Conn, timeout: float | None, what: str) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while self._blocked(conn) and not conn.closed:
+            if deadline is not None and loop.time() >= deadline:
+                raise TimeoutError(f"{what} not received within {timeout:g} s")
+            await asyncio.sleep(0.05)
 
     def _feed(self, conn: _Conn, data: bytes) -> None:
         ch = conn.channel
@@ -575,15 +860,22 @@ class PeerNet:
             raise
         out = ch.data_to_send()
         if out:
-            self._write(conn, out)
+            self._write_handshake(conn, out)
         for ev in events:
             self._dispatch(conn, ev)
+
+    def _write_handshake(self, conn: _Conn, data: bytes) -> None:
+        if self._blocked(conn):  # a pulled cable: the handshake will time out
+            conn.hs_suppressed = True
+            self._faults.count_blocked()  # type: ignore[union-attr]
+            return
+        self._write(conn, data)
 
     async def _handshake(self, conn: _Conn) -> None:
         ch = conn.channel
         if ch.initiator:
             ch.start()
-            self._write(conn, ch.data_to_send())
+            self._write_handshake(conn, ch.data_to_send())
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._handshake_timeout
         while not ch.established:
@@ -608,8 +900,7 @@ class PeerNet:
         if action is DupAction.DROP:
             raise _Drop(f"duplicate of the existing channel to node {peer}", logging.DEBUG)
         if action is DupAction.SELECT:
-            conn.channel.send_control(SELECT)
-            self._write(conn, conn.channel.data_to_send())
+            self._send_control(conn, SELECT)
             self._adopt(conn)
         else:
             conn.select_deadline = asyncio.get_running_loop().time() + self._handshake_timeout
@@ -628,12 +919,23 @@ class PeerNet:
                     )
                 await self._read(conn, remaining, "selection by the edge leader")
             elif conn.channel.mid_frame:
-                await self._read(conn, self._io_timeout, "rest of the frame")
+                if conn.frame_deadline is None:
+                    conn.frame_deadline = loop.time() + self._io_timeout
+                remaining = conn.frame_deadline - loop.time()
+                if remaining <= 0:
+                    raise TimeoutError(
+                        f"rest of the frame not received within {self._io_timeout:g} s"
+                    )
+                await self._read(conn, remaining, "rest of the frame")
             else:
+                conn.frame_deadline = None
                 await self._read(conn, None, "frame")
 
     def _dispatch(self, conn: _Conn, ev: Event) -> None:
         peer = conn.peer
+        if isinstance(ev, MessageReceived | ControlReceived) and self._blocked(conn):
+            self._faults.count_blocked()  # type: ignore[union-attr]  # the cable is pulled
+            return
         if isinstance(ev, MessageReceived):
             if not conn.selected:
                 raise _Drop(f"node {peer} sent data on a connection it had not selected")
@@ -644,7 +946,9 @@ class PeerNet:
                 self._events.put_nowait(Inbound(peer, msg))
         elif isinstance(ev, ControlReceived):
             assert peer is not None
-            if ev.payload == SELECT and edge_leader(self._node_id, peer) == peer:
+            if ev.payload == HEARTBEAT:
+                self._stats[peer].heartbeats_received += 1
+            elif ev.payload == SELECT and edge_leader(self._node_id, peer) == peer:
                 self._adopt(conn)
             else:
                 raise _Drop(f"unexpected control frame {ev.payload[:32]!r} from node {peer}")
@@ -662,6 +966,8 @@ class PeerNet:
             self._drop(old, "replaced by a new connection", level=logging.INFO)
         self._selected[peer] = conn
         conn.selected = True
+        conn.last_rx = time.monotonic()  # the silence clock starts now
+        conn.suspect = False
         self._stats[peer].connections += 1
         self._up[peer].set()
         if not conn.settled.done():
@@ -680,10 +986,15 @@ class PeerNet:
         log.log(level, "node %d: channel to node %d down: %s", self._node_id, peer, reason)
         self._down_reported.add(peer)
         self._events.put_nowait(PeerDown(peer, reason))
+        self._start_redial(peer)
+
+    def _start_redial(self, peer: int) -> None:
         if (
             self._reconnect
+            and not self._closing
             and edge_leader(self._node_id, peer) == self._node_id
             and peer not in self._redials
+            and peer not in self._selected
         ):
             task = self._spawn(self._redial(peer))
             self._redials[peer] = task
@@ -695,10 +1006,30 @@ class PeerNet:
         if conn.closed:
             return
         conn.closed = True
+        self._unpend(conn)
         self._conns.discard(conn)
         conn.channel.close(reason)
+        if conn.delay_handle is not None:
+            conn.delay_handle.cancel()
+            conn.delay_handle = None
+        conn.delayed = None
+        if conn.corrupted is not None and "authentication" not in reason:
+            reason = (
+                f"{reason} (after fault injection flipped a bit of data frame {conn.corrupted}, "
+                "which fails the peer's authentication check)"
+            )
         transport = conn.writer.transport
-        if graceful and not transport.is_closing():
+        if self._blocked(conn) and not self._closing:
+            # A pulled cable carries no FIN or RST either: keep the socket open, unread, until
+            # the link is unblocked (or the node closes).
+            peer = conn.peer if conn.peer is not None else conn.channel.peer_id
+            assert peer is not None
+            transport.pause_reading()
+            self._parked.setdefault(peer, []).append(transport)
+            self._writers.discard(conn.writer)
+            if conn.task is not None and conn.task is not asyncio.current_task():
+                conn.task.cancel()
+        elif graceful and not transport.is_closing():
             conn.writer.close()
         elif not graceful:
             transport.abort()  # do not flush anything to a misbehaving peer
@@ -711,20 +1042,133 @@ class PeerNet:
         if not conn.settled.done():
             conn.settled.set_result(reason)
 
+    # ----------------------------------------------------------------- writing
+
     def _write(self, conn: _Conn, data: bytes) -> None:
         if not data or conn.closed:
             return
         conn.writer.write(data)
+        conn.last_tx = time.monotonic()
         if conn.counted and conn.peer is not None:
             self._stats[conn.peer].bytes_sent += len(data)
         else:
             conn.tx += len(data)
+
+    def _send_control(self, conn: _Conn, payload: bytes) -> bool:
+        """Encrypt and write one control frame (behind any delayed data); False if it could
+        not go out (blocked link, dead channel)."""
+        if conn.closed or conn.writer.transport.is_closing():
+            return False
+        if self._blocked(conn):
+            self._faults.count_blocked()  # type: ignore[union-attr]
+            return False
+        try:
+            conn.channel.send_control(payload)
+        except ChannelError as exc:
+            self._drop(conn, str(exc), level=logging.WARNING, graceful=False)
+            return False
+        self._write_frame(conn, conn.channel.data_to_send(), 0.0)
+        return True
+
+    def _write_frame(self, conn: _Conn, frame: bytes, delay: float) -> None:
+        """Write an encrypted frame after ``delay`` seconds, never ahead of an earlier one."""
+        queue = conn.delayed
+        if not queue and delay <= 0:
+            self._write(conn, frame)
+            return
+        now = time.monotonic()
+        due = now + delay
+        if queue:
+            due = max(due, queue[-1][0])  # frames leave in sequence order
+        else:
+            queue = conn.delayed = deque()
+        queue.append((due, frame))
+        if conn.delay_handle is None:
+            self._schedule_flush(conn)
+
+    def _schedule_flush(self, conn: _Conn) -> None:
+        assert conn.delayed
+        loop = asyncio.get_running_loop()
+        wait = max(0.0, conn.delayed[0][0] - time.monotonic())
+        conn.delay_handle = loop.call_later(wait, self._flush_delayed, conn)
+
+    def _flush_delayed(self, conn: _Conn) -> None:
+        conn.delay_handle = None
+        queue = conn.delayed
+        if conn.closed or not queue:
+            return
+        now = time.monotonic()
+        while queue and queue[0][0] <= now:
+            self._write(conn, queue.popleft()[1])
+        if queue:
+            self._schedule_flush(conn)
+
+    def _corrupt(self, conn: _Conn, peer: int, frame: bytes) -> bytes:
+        """Flip one bit of the ciphertext or tag (never the header, so the frame boundaries
+        hold and the receiver's authentication check is what fails)."""
+        assert self._faults is not None
+        bits = (len(frame) - HEADER_SIZE) * 8
+        bit = HEADER_SIZE * 8 + self._faults.corrupt_bit(peer, bits)
+        out = bytearray(frame)
+        out[bit // 8] ^= 1 << (bit % 8)
+        if conn.corrupted is None:
+            conn.corrupted = conn.channel.frames_sent - 1
+        return bytes(out)
 
     def _count_rx(self, conn: _Conn, n: int) -> None:
         if conn.counted and conn.peer is not None:
             self._stats[conn.peer].bytes_received += n
         else:
             conn.rx += n
+
+    # ----------------------------------------------------------------- liveness
+
+    async def _liveness(self) -> None:
+        """Send heartbeats on idle channels and close silent ones, every tick."""
+        assert self._tick is not None
+        heartbeat, silence = self._heartbeat_s, self._silence_s
+        while not self._closing:
+            await asyncio.sleep(self._tick)
+            now = time.monotonic()
+            for peer, conn in list(self._selected.items()):
+                if conn.closed:
+                    continue
+                if heartbeat is not None and now - conn.last_tx >= heartbeat:
+                    if self._send_control(conn, HEARTBEAT):
+                        self._stats[peer].heartbeats_sent += 1
+                if silence is None:
+                    continue
+                quiet = now - conn.last_rx
+                if quiet < silence:
+                    conn.suspect = False
+                elif not conn.suspect:
+                    # Judge at the next tick: if this node's own loop was blocked, what arrived
+                    # meanwhile is still in the socket, and the reader needs a turn first.
+                    conn.suspect = True
+                else:
+                    self._drop(conn, silence_reason(quiet), level=logging.WARNING, graceful=False)
+
+    # ----------------------------------------------------------------- fault injection
+
+    def _on_faults_changed(self, peers: frozenset[int], blocked: bool) -> None:
+        if blocked or self._closing:
+            return
+        for peer in peers & self._neighbours:
+            for transport in self._parked.pop(peer, []):
+                transport.abort()
+            # Handshakes whose bytes were withheld cannot complete: end them now so the dial
+            # loop retries at once rather than after the handshake timeout.
+            for conn in list(self._conns):
+                if conn.hs_suppressed and not conn.channel.established:
+                    if conn.channel.peer_id == peer:
+                        self._drop(
+                            conn,
+                            "handshake messages were lost while the link was blocked",
+                            level=logging.DEBUG,
+                            graceful=False,
+                        )
+            if peer in self._down_reported:
+                self._start_redial(peer)
 
     # ----------------------------------------------------------------- dialling
 
@@ -747,7 +1191,7 @@ class PeerNet:
             writer.close()
             return "node shutting down"
         conn = self._new_conn(reader, writer, peer=peer)
-        self._spawn(self._run_conn(conn))
+        conn.task = self._spawn(self._run_conn(conn))
         try:
             result = await asyncio.shield(conn.settled)
         except asyncio.CancelledError:
