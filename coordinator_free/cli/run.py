@@ -90,8 +90,11 @@ def conclude(cfg, plan, out: Path, run, schedule) -> tuple[list[dict], dict | No
                 res = json.loads(rundir.result_path(out, v).read_text())
             except (OSError, ValueError):
                 continue
-            if isinstance(res, dict) and res.get("injected"):
-                peers[v] = res["injected"]
+            inj = res.get("injected") if isinstance(res, dict) else None
+            if isinstance(inj, dict) and (
+                any((inj.get("link") or {}).values()) or inj.get("nan") or inj.get("signals")
+            ):
+                peers[v] = inj
         faults_doc = schedule.record(out, peers)
     failed = [
         {"node": o.node, "returncode": o.returncode, "error": o.error, "step": o.steps_done}

@@ -242,6 +242,17 @@ class Injector:
                 loop.remove_signal_handler(sig)
             except (NotImplementedError, RuntimeError, ValueError):  # pragma: no cover
                 pass
+        ignore_fault_signals()
+
+
+def ignore_fault_signals() -> None:
+    """A cut or heal that reaches the process before its loop runs or after it closed must
+    not kill it (the default action of SIGUSR1/SIGUSR2): there is nothing left to cut."""
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        try:
+            signal.signal(sig, signal.SIG_IGN)
+        except (OSError, ValueError):  # pragma: no cover - not the main thread
+            pass
 
     def _signal(self, what: str) -> None:
         if what == "cut":
@@ -410,6 +421,7 @@ def peer_main(args) -> int:
             print(f"cfree peer: --listen {args.listen}: {exc}", file=sys.stderr)
             return 2
     progress = Progress(args.progress_fd)
+    ignore_fault_signals()
     try:
         _run_loop(
             run_peer(cfg, ros, args.id, key, Path(args.out), listen_sock=sock, progress=progress)
