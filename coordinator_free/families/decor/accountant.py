@@ -448,9 +448,15 @@ def replay_rounds(run_dir: Path, plan, integrity: list[dict], notes: list[dict])
 def _over_rounds(plan, rr: RealisedRounds, coalitions, cache: dict, method: str, round_fn):
     """Per (coalition, node) rho summed over the rounds, shape (len(coalitions), n); 0 where the
     node colludes or did not publish. ``round_fn(r)`` returns ``fill(colluders, row)``, which
-    writes round r's rho into ``row``; rounds of equal structure are computed once."""
+    writes round r's rho into ``row``; rounds of equal structure are computed once.
+
+    A node whose terms of a round are unknown (its log missing or damaged) is handed to the
+    adversary as a colluder, which can only help the adversary against the others; its own
+    value of that round, if published, is then protected by sigma alone, so it is charged the
+    local-DP loss of the round (never 0: it did not collude)."""
     out = np.zeros((len(coalitions), plan.n))
     tag = (method, tuple(coalitions))
+    ldp_rho = plan.sensitivity**2 / (2.0 * plan.sigma**2)
     for r in range(rr.rounds):
         key = (tag, rr.structure(r))
         if key not in cache:
@@ -458,6 +464,8 @@ def _over_rounds(plan, rr: RealisedRounds, coalitions, cache: dict, method: str,
             fill = round_fn(r)
             for ci, q in enumerate(coalitions):
                 fill(set(q) | rr.unknown[r], per[ci])
+                exposed = sorted((rr.unknown[r] & rr.published[r]) - set(q))
+                per[ci, exposed] = ldp_rho
             cache[key] = per
         out += cache[key]
     return out
