@@ -17,7 +17,9 @@ logs: which nodes published a value (a send in its log, or a receipt in a neighb
 pair terms each node added (its ``decor-noise`` record) and whether both ends of a pair used
 the same secret (equal commitments). A node whose log is missing or lacks a round's record is
 treated as a colluder for that round (the adversary is given its secrets): a stronger adversary,
-so the audit stays an upper bound.
+so the audit stays an upper bound; that node's own value of the round, published with its
+terms known, is charged the round's local-DP loss. Every record is checked before it is used
+(:func:`replay_rounds`): what fails is an integrity finding, never an exception.
 """
 
 from __future__ import annotations
@@ -525,16 +527,16 @@ def audit_run(run_dir: Path, cfg: Config, plan, observers=None) -> dict:
     notes: list[dict] = []
     rr, logs = replay_rounds(run_dir, plan, integrity, notes)
     wanted = sorted(logs) if observers is None else list(observers)
+    without_log: list[dict] = []
     for v in wanted:
         if not 0 <= v < n:
             raise AuditError(f"observer {v} is not a node id (0..{n - 1})")
         if v not in logs:
             # The curious user's view is every message, whatever its log says; without the log
             # its terms are unknown, and it is counted as a colluder (as it is anyway).
-            notes.append(
+            without_log.append(
                 {
                     "observer": v,
-                    "kind": "no-log",
                     "message": f"observer {v} has no readable log: its losses are computed from "
                     "the other logs, its own pair terms counted as known to the adversary",
                 }
@@ -594,6 +596,7 @@ def audit_run(run_dir: Path, cfg: Config, plan, observers=None) -> dict:
         "observers": out_obs,
         "complete": not integrity,
         "integrity": integrity,
+        "observers_without_log": without_log,
         "notes": notes,
     }
 

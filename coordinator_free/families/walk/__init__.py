@@ -91,7 +91,7 @@ class Walk(Family):
         render.print_plan(rep)
 
     def print_audit(self, rep: dict) -> None:
-        from coordinator_free.families.averaging import render
+        from coordinator_free.families.walk import render
 
         render.print_audit(rep)
 

@@ -827,7 +827,7 @@ def audit_run(run_dir: Path, cfg: Config, plan: wk.WalkPlan, observers=None) -> 
     others = [v for v in wanted if v not in exact]
     worst = worst_case_losses(cfg, plan, others) if others else {}
     dist = graphs.all_distances(plan.graph)
-    notes = []
+    worst_notes = []
     out_obs = []
     for v in wanted:
         basis = "realised walk" if v in exact else "worst case"
@@ -839,10 +839,9 @@ def audit_run(run_dir: Path, cfg: Config, plan: wk.WalkPlan, observers=None) -> 
                 if v not in rp.trusted
                 else "saw a token after steps the logs cannot tell"
             )
-            notes.append(
+            worst_notes.append(
                 {
                     "observer": v,
-                    "kind": "worst-case",
                     "message": f"observer {v} {why}: its 'exact' losses are the worst case (the "
                     "larger of the plan and the local-DP loss of every contribution)",
                 }
@@ -891,7 +890,8 @@ def audit_run(run_dir: Path, cfg: Config, plan: wk.WalkPlan, observers=None) -> 
         "observers": out_obs,
         "complete": not integrity,
         "integrity": integrity,
-        "notes": notes,
+        "worst_case": worst_notes,
+        "notes": [],
     }
 
 
