@@ -45,6 +45,25 @@ class Decor(Family):
 
         return accountant.audit_run(run_dir, cfg, plan, observers)
 
+    def planned_losses(
+        self, cfg, plan, observers: list[int]
+    ) -> dict[int, dict[tuple[int, str], dict]]:
+        """Observer -> {(source, method): {factor, rdp, eps}} under the fault-free plan: the
+        pairwise (curious-user) entries ``cfree plan --json`` reports, ``exact`` and ``paper``."""
+        from coordinator_free.families.decor import accountant
+
+        return accountant.planned_losses(cfg, plan, observers)
+
+    def worst_case_losses(
+        self, cfg, plan, observers: list[int]
+    ) -> dict[int, dict[tuple[int, str], dict]]:
+        """The same entries for an observer about which nothing is known: each the larger of
+        the planned loss and the source's local-DP loss over the rounds (its release with only
+        sigma's noise, no correlated term hiding anything: the report's ``ldp``)."""
+        from coordinator_free.families.decor import accountant
+
+        return accountant.worst_case_losses(cfg, plan, observers)
+
     def calibrate(self, cfg, target_eps, *, method, budget, decor_pair="mid", **opts):
         # The SecLDP search is over (sigma, sigma_cor) pairs; ``decor_pair`` picks which.
         from coordinator_free.families.decor import accountant

@@ -17,11 +17,14 @@ logs: which nodes published a value (a send in its log, or a receipt in a neighb
 pair terms each node added (its ``decor-noise`` record) and whether both ends of a pair used
 the same secret (equal commitments). A node whose log is missing or lacks a round's record is
 treated as a colluder for that round (the adversary is given its secrets): a stronger adversary,
-so the audit stays an upper bound.
+so the audit stays an upper bound; that node's own value of the round, published with its
+terms known, is charged the round's local-DP loss. Every record is checked before it is used
+(:func:`replay_rounds`): what fails is an integrity finding, never an exception.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -70,12 +73,18 @@ def secldp_block(plan, rho_exact: np.ndarray, rho_paper: float, a_q: float) -> d
 def plan_pairwise(plan, method: str, curious: dacct.SpectralGraph | None = None) -> np.ndarray:
     """F[v, u]: user u against the curious user v over the whole run, in units of one round of
     local DP. ``curious``: the graph's collusion-1 SpectralGraph, if already built."""
-    n, R = plan.n, plan.rounds
+    n = plan.n
     if n > PAIRWISE_MAX_N:
         raise AuditError(
             f"the pairwise decor table needs one eigendecomposition per observer; n = {n} is "
             f"above {PAIRWISE_MAX_N} (the SecLDP guarantee is still computed)"
         )
+    return _pairwise(plan, method, curious)
+
+
+def _pairwise(plan, method: str, curious: dacct.SpectralGraph | None = None) -> np.ndarray:
+    """:func:`plan_pairwise` without the size limit."""
+    n, R = plan.n, plan.rounds
     if method == "exact":
         sg = curious if curious is not None else dacct.SpectralGraph(plan.graph, collusion=1)
         F = sg.pairwise_rho(plan.sigma, plan.sigma_cor, plan.sensitivity)
@@ -151,6 +160,43 @@ def plan_report(cfg: Config, plan, *, source: int | None, method: str) -> dict:
     return {**base, "source": None, **summarise(plan, F, u)}
 
 
+def planned_losses(cfg: Config, plan, observers) -> dict[int, dict]:
+    """Observer -> {(source, method): loss} under the fault-free plan (every pair active in
+    every round): exactly the pairwise entries of :func:`plan_report`, ``exact`` and ``paper``."""
+    u = units_of(plan)
+    out: dict[int, dict] = {int(v): {} for v in observers}
+    for m in ("exact", "paper"):
+        F = _pairwise(plan, m)
+        for v, cells in out.items():
+            for src in range(plan.n):
+                if src != v:
+                    f = float(F[v, src])
+                    cells[(src, m)] = {"factor": f, **u.loss(f)}
+    return out
+
+
+def worst_case_losses(cfg: Config, plan, observers) -> dict[int, dict]:
+    """Observer -> {(source, method): loss} for an observer about which nothing is known: every
+    entry is the larger of the planned loss and the local-DP loss of the source's releases
+    (``ldp`` of the report: R rounds of a Gaussian mechanism at sigma). That is the loss when
+    none of the source's correlated terms hides anything (every pair secret of the source known
+    to the adversary, or no pair at all): the correlated noise only ever adds to sigma's, so no
+    realised set of pairs, drops or colluders can cost the source more in a round (both the
+    ``exact`` [Sigma_H^-1]_ii and the closed form are at most Delta^2 / (2 sigma^2))."""
+    cap = ldp_baseline(plan)
+    return {
+        v: {
+            key: {
+                "factor": max(x["factor"], cap["factor"]),
+                "rdp": max(x["rdp"], cap["rdp"]),
+                "eps": max(x["eps"], cap["eps"]),
+            }
+            for key, x in cells.items()
+        }
+        for v, cells in planned_losses(cfg, plan, observers).items()
+    }
+
+
 # ---------------------------------------------------------------------------------------- audit
 
 
@@ -187,28 +233,174 @@ class RealisedRounds:
         )
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _int_list(x) -> list[int] | None:
+    """x as a list of ints, or None when it is not one."""
+    if not isinstance(x, list | tuple) or not all(_is_int(p) for p in x):
+        return None
+    return [int(p) for p in x]
+
+
+def _exchange_ok(plan, v: int, r: dict) -> bool:
+    """The condition under which ``scan_exchanges`` uses a send, recv or late record (the records
+    it rejects it reports as impossible)."""
+    t, w = r.get("step"), r.get("peer")
+    return (
+        isinstance(t, int) and isinstance(w, int) and 0 <= t < plan.steps
+        and w in plan.partners_at(v, t)
+    )  # fmt: skip
+
+
+def _safe_digest(value) -> str:
+    """The digest of a logged value, or a marker that never matches a logged digest."""
+    try:
+        return value_digest(np.asarray(value, np.float64))
+    except (TypeError, ValueError):
+        return "<not a vector>"
+
+
+@dataclass
+class _Records:
+    """A log's records as ``scan_exchanges`` reads them."""
+
+    records: list[dict]
+
+
+def _decor_problem(
+    plan, v: int, r: dict, pairs: dict[int, str], rounds_seen: set[int]
+) -> str | None:
+    """What makes one of DECOR's own records impossible for node v (None: nothing).
+    ``pairs``: the pairs v's log established so far (peer -> commitment)."""
+    k, R = r["k"], plan.rounds
+    nbrs = set(plan.neighbours(v))
+    if k in ("decor-pair", "decor-no-pair", "decor-drop"):
+        peer = r.get("peer")
+        if not (_is_int(peer) and peer in nbrs):
+            return f"peer {peer!r} is not a neighbour of node {v}"
+        if k == "decor-pair":
+            if not isinstance(r.get("commit"), str):
+                return f"commitment {r.get('commit')!r} is not a string"
+            if peer in pairs:
+                return f"a second pair with {peer}"
+        if k == "decor-drop" and not _is_int(r.get("first_round")):
+            return f"first round {r.get('first_round')!r} is not a round number"
+        return None
+    if k == "decor-exchange":
+        got = _int_list(r.get("pairs"))
+        if got is None or sorted(got) != sorted(pairs):
+            return f"pairs {r.get('pairs')!r} differ from the pairs logged before ({sorted(pairs)})"
+        return None
+    # decor-noise
+    rnd = r.get("round")
+    if not (_is_int(rnd) and 0 <= rnd < R):
+        return f"round {rnd!r} is not in 0..{R - 1}"
+    if rnd in rounds_seen:
+        return f"a second record of round {rnd}"
+    peers, commits = _int_list(r.get("peers")), r.get("commits")
+    if peers is None or len(set(peers)) != len(peers):
+        return f"peers {r.get('peers')!r} is not a list of distinct node ids"
+    stray = sorted(set(peers) - set(pairs))
+    if stray:
+        return f"terms of pairs {stray} that the log never established"
+    if not (
+        isinstance(commits, list | tuple)
+        and len(commits) == len(peers)
+        and all(isinstance(c, str) for c in commits)
+    ):
+        return f"commitments {commits!r} do not match the {len(peers)} peer(s)"
+    return None
+
+
 def replay_rounds(run_dir: Path, plan, integrity: list[dict], notes: list[dict]):
+    """What the logs say about every round (:class:`RealisedRounds`), with the integrity checks
+    of every step-exchange family (``scan_exchanges``) and DECOR's own: the seed exchange
+    (``decor-pair``, ``decor-no-pair``, ``decor-exchange``: neighbours only, one pair per
+    neighbour, the two ends' commitments equal), the per-round terms (``decor-noise``: one record
+    per round, of established pairs only, not of a pair dropped before) and the drops. A record
+    that fails is reported and not used: a node whose round record is unusable is treated as a
+    colluder in that round (an upper bound). Never raises on damaged logs."""
     n, R = plan.n, plan.rounds
     rr = RealisedRounds(n, R)
     logs = read_logs(run_dir, plan, integrity)
-    # The checks every family gets: unfinished logs, impossible records, values received that
-    # their sender never logged sending, or logged differently.
-    scan_exchanges(logs, plan, integrity, lambda x: value_digest(np.asarray(x, np.float64)))
+    usable: dict[int, _Records] = {}
     for v, vl in logs.items():
+        kept = []
+        for rec in vl.records:
+            if rec.get("k") == "recv" and not isinstance(rec.get("digest"), str):
+                if "value" not in rec or "digest" in rec:
+                    integrity.append(
+                        {
+                            "node": v,
+                            "kind": "impossible-record",
+                            "message": f"recv record seq {rec.get('seq')!r} has no digest of the "
+                            "value received; ignored",
+                        }
+                    )
+                    continue
+            kept.append(rec)
+        usable[v] = _Records(kept)
+    # The checks every step-exchange family gets: unfinished logs, impossible records, values
+    # received that their sender never logged sending, or logged differently.
+    scan_exchanges(usable, plan, integrity, _safe_digest)
+    pair_commits: dict[tuple[int, int], str] = {}
+    for v, vl in usable.items():
+        pairs: dict[int, str] = {}
+        dropped: dict[int, int] = {}
+        rounds_seen: set[int] = set()
         for rec in vl.records:
             k = rec["k"]
-            if k == "send" and 0 <= rec.get("step", -1) < R:
-                rr.published[rec["step"]].add(v)
-            elif k in ("recv", "late") and 0 <= rec.get("step", -1) < R:
-                peer = rec.get("peer")
-                if isinstance(peer, int) and 0 <= peer < n:
-                    rr.published[rec["step"]].add(peer)
-            elif k == "decor-noise" and 0 <= rec.get("round", -1) < R:
+            if k in ("send", "recv", "late"):
+                if not _exchange_ok(plan, v, rec) or rec["step"] >= R:
+                    continue
+                rr.published[rec["step"]].add(v if k == "send" else rec["peer"])
+                continue
+            if k not in (
+                "decor-pair",
+                "decor-no-pair",
+                "decor-exchange",
+                "decor-noise",
+                "decor-drop",
+            ):
+                continue
+            problem = _decor_problem(plan, v, rec, pairs, rounds_seen)
+            if problem is None and k == "decor-noise":
+                late = [j for j in rec["peers"] if dropped.get(j, R) <= rec["round"]]
+                if late:
+                    problem = f"terms of pairs {late} dropped before round {rec['round']}"
+            if problem is not None:
+                integrity.append(
+                    {
+                        "node": v,
+                        "kind": "impossible-record",
+                        "message": f"{k} record seq {rec.get('seq')!r}: {problem}; ignored",
+                    }
+                )
+                continue
+            if k == "decor-pair":
+                pairs[rec["peer"]] = rec["commit"]
+                pair_commits[(v, rec["peer"])] = rec["commit"]
+            elif k == "decor-drop":
+                dropped[rec["peer"]] = min(dropped.get(rec["peer"], R), rec["first_round"])
+            elif k == "decor-noise":
                 r = rec["round"]
-                peers = tuple(int(p) for p in rec.get("peers", []))
+                rounds_seen.add(r)
+                peers = tuple(int(p) for p in rec["peers"])
                 rr.added[r][v] = peers
-                for j, c in zip(peers, rec.get("commits", []), strict=False):
+                for j, c in zip(peers, rec["commits"], strict=True):
                     rr.commits[r][(v, j)] = c
+    for (v, j), c in sorted(pair_commits.items()):
+        if v < j and (j, v) in pair_commits and pair_commits[(j, v)] != c:
+            integrity.append(
+                {
+                    "node": v,
+                    "kind": "pair-commit-mismatch",
+                    "message": f"nodes {v} and {j} logged different commitments for the pair "
+                    "secret they established: one of the logs is not what its node wrote",
+                }
+            )
     for r in range(R):
         for v in rr.published[r]:
             if v not in rr.added[r]:
@@ -219,14 +411,17 @@ def replay_rounds(run_dir: Path, plan, integrity: list[dict], notes: list[dict])
                 if v < j and j in rr.added[r] and v in rr.added[r][j]:
                     a, b = rr.commits[r].get((v, j)), rr.commits[r].get((j, v))
                     if a != b:
-                        rr.unmatched[r].add(frozenset((v, j)))
-                        notes.append(
+                        # Both ends derive the round's key from the secret they agreed on, so the
+                        # commitments differ only if a log is not what its node wrote: the terms
+                        # cannot be trusted to cancel or to be secret; give both ends away.
+                        rr.unknown[r].update((v, j))
+                        integrity.append(
                             {
-                                "round": r,
+                                "node": v,
                                 "kind": "pair-mismatch",
                                 "message": f"round {r}: nodes {v} and {j} logged different "
-                                "commitments for their pair: their terms do not cancel (counted "
-                                "as independent noise)",
+                                "commitments for their pair; both are counted as colluders in "
+                                "that round",
                             }
                         )
     missing = sorted(set(range(n)) - set(logs))
@@ -255,9 +450,15 @@ def replay_rounds(run_dir: Path, plan, integrity: list[dict], notes: list[dict])
 def _over_rounds(plan, rr: RealisedRounds, coalitions, cache: dict, method: str, round_fn):
     """Per (coalition, node) rho summed over the rounds, shape (len(coalitions), n); 0 where the
     node colludes or did not publish. ``round_fn(r)`` returns ``fill(colluders, row)``, which
-    writes round r's rho into ``row``; rounds of equal structure are computed once."""
+    writes round r's rho into ``row``; rounds of equal structure are computed once.
+
+    A node whose terms of a round are unknown (its log missing or damaged) is handed to the
+    adversary as a colluder, which can only help the adversary against the others; its own
+    value of that round, if published, is then protected by sigma alone, so it is charged the
+    local-DP loss of the round (never 0: it did not collude)."""
     out = np.zeros((len(coalitions), plan.n))
     tag = (method, tuple(coalitions))
+    ldp_rho = plan.sensitivity**2 / (2.0 * plan.sigma**2)
     for r in range(rr.rounds):
         key = (tag, rr.structure(r))
         if key not in cache:
@@ -265,6 +466,8 @@ def _over_rounds(plan, rr: RealisedRounds, coalitions, cache: dict, method: str,
             fill = round_fn(r)
             for ci, q in enumerate(coalitions):
                 fill(set(q) | rr.unknown[r], per[ci])
+                exposed = sorted((rr.unknown[r] & rr.published[r]) - set(q))
+                per[ci, exposed] = ldp_rho
             cache[key] = per
         out += cache[key]
     return out
@@ -324,11 +527,20 @@ def audit_run(run_dir: Path, cfg: Config, plan, observers=None) -> dict:
     notes: list[dict] = []
     rr, logs = replay_rounds(run_dir, plan, integrity, notes)
     wanted = sorted(logs) if observers is None else list(observers)
+    without_log: list[dict] = []
     for v in wanted:
         if not 0 <= v < n:
             raise AuditError(f"observer {v} is not a node id (0..{n - 1})")
         if v not in logs:
-            raise AuditError(f"no readable view log for observer {v} in {run_dir / 'logs'}")
+            # The curious user's view is every message, whatever its log says; without the log
+            # its terms are unknown, and it is counted as a colluder (as it is anyway).
+            without_log.append(
+                {
+                    "observer": v,
+                    "message": f"observer {v} has no readable log: its losses are computed from "
+                    "the other logs, its own pair terms counted as known to the adversary",
+                }
+            )
     fault_free = not integrity and all(
         rr.published[r] == set(range(n))
         and not rr.unknown[r]
@@ -384,6 +596,7 @@ def audit_run(run_dir: Path, cfg: Config, plan, observers=None) -> dict:
         "observers": out_obs,
         "complete": not integrity,
         "integrity": integrity,
+        "observers_without_log": without_log,
         "notes": notes,
     }
 

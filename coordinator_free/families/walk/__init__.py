@@ -47,6 +47,27 @@ class Walk(Family):
 
         return accountant.audit_run(run_dir, cfg, plan, observers)
 
+    def planned_losses(
+        self, cfg, plan, observers: list[int]
+    ) -> dict[int, dict[tuple[int, str], dict]]:
+        """Observer -> {(source, method): {factor, rdp, eps}} under the fault-free plan: the
+        entries ``cfree plan --json`` reports (``exact``: the ring's public walk, or the walk
+        sampled from the public run seed; ``paper``: the theorem)."""
+        from coordinator_free.families.walk import accountant
+
+        return accountant.planned_losses(cfg, plan, observers)
+
+    def worst_case_losses(
+        self, cfg, plan, observers: list[int]
+    ) -> dict[int, dict[tuple[int, str], dict]]:
+        """The same entries for an observer about which nothing is known: each the larger of
+        the planned loss and the local-DP loss of every contribution the source makes to the
+        tokens (``ldp`` of the report), what an observer that saw every token value could learn
+        (accountant.worst_case_losses says why that caps every view of the walk)."""
+        from coordinator_free.families.walk import accountant
+
+        return accountant.worst_case_losses(cfg, plan, observers)
+
     def calibrate(self, cfg, target_eps, *, method, budget, **opts):
         from coordinator_free.families.walk import accountant
 
@@ -70,7 +91,7 @@ class Walk(Family):
         render.print_plan(rep)
 
     def print_audit(self, rep: dict) -> None:
-        from coordinator_free.families.averaging import render
+        from coordinator_free.families.walk import render
 
         render.print_audit(rep)
 

@@ -387,123 +387,495 @@ def summarise(plan: wk.WalkPlan, cells: dict, dist: np.ndarray) -> dict:
     }
 
 
+# ------------------------------------------------------------------------------ planned and worst
+
+
+def planned_losses(cfg: Config, plan: wk.WalkPlan, observers) -> dict[int, dict]:
+    """Observer -> {(source, method): loss} under the fault-free plan: exactly the entries of
+    :func:`plan_report` (``exact`` on the ring's walk or the one walk sampled from the public run
+    seed, ``paper`` the theorem)."""
+    wanted = [int(v) for v in observers]
+    exact = exact_losses(plan, sampled_walks(cfg, plan), wanted)
+    E_paper, _ = paper_eps(plan)
+    out: dict[int, dict] = {}
+    for v in wanted:
+        cells: dict = {}
+        for src in range(plan.n):
+            if src == v:
+                continue
+            cells[(src, "exact")] = _loss_entry(exact[v][src])
+            cells[(src, "paper")] = WalkUnits.eps_only(E_paper[v, src])
+        out[v] = cells
+    return out
+
+
+def worst_case_losses(cfg: Config, plan: wk.WalkPlan, observers) -> dict[int, dict]:
+    """Observer -> {(source, method): loss} for an observer about which nothing is known (its
+    log missing or unreadable): every entry is the larger of the planned loss and the local-DP
+    loss of everything the source puts into the tokens (:func:`ldp_baseline`: each of its
+    contributions seen on its own, as an observer that saw every token value before and after
+    every step of the source could; the number of contributions is exact on the ring, the cap
+    per token times the tokens, else the binomial bound of the theorems). Seeing more of the
+    walk can only narrow the windows between sightings, and a window holding one contribution
+    of the source and the noise around it costs at most one local-DP release, so this caps what
+    any view of the walk can give; the planned entry is kept where it is larger."""
+    ldp = ldp_baseline(plan)
+    return {
+        v: {key: cap_entry(x, ldp) for key, x in cells.items()}
+        for v, cells in planned_losses(cfg, plan, observers).items()
+    }
+
+
+def _loss_entry(x: dict) -> dict:
+    return {"factor": x.get("factor"), "rdp": x.get("rdp"), "eps": float(x["eps"])}
+
+
+def cap_entry(planned: dict, cap: dict) -> dict:
+    """The key-wise larger of a loss entry and a cap (a key the entry leaves None stays None:
+    an eps-only bound stays eps-only)."""
+    out = {}
+    for key in ("factor", "rdp"):
+        a, b = planned.get(key), cap.get(key)
+        out[key] = None if a is None else (float(a) if b is None else max(float(a), float(b)))
+    out["eps"] = max(float(planned["eps"]), float(cap["eps"]))
+    return out
+
+
 # ------------------------------------------------------------------------------ audit
 
+_WALK_ENDS = ("completed", "lost", "stuck", "timeout")
+#: The records that say who made which step (the others only mark a faulty run).
+_PATH_KINDS = (
+    "token-start",
+    "token-step",
+    "token-seen",
+    "token-send",
+    "token-accept",
+    "commit-assumed",
+    "walk-end",
+)
+_FAULT_KINDS = ("token-reroute", "token-lost", "commit-assumed", "walk-timeout")
 
-def replay_walks(run_dir: Path, plan: wk.WalkPlan, integrity: list[dict]):
-    """The realised walks from the view logs (the union of every node's log), integrity
-    findings on the way. Returns (walks, logged nodes, fault_free)."""
 
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _record_digest(r: dict) -> str | None:
+    """The digest a token record carries (or of the value it logged); None if it has neither."""
+    dg = r.get("digest")
+    if isinstance(dg, str):
+        return dg
+    if dg is None and "value" in r:
+        try:
+            value = np.asarray(r["value"], dtype=np.float64)
+        except (TypeError, ValueError):
+            return None
+        return wk.digest(value) if value.ndim == 1 else None
+    return None
+
+
+def _path_record_problem(plan: wk.WalkPlan, v: int, r: dict) -> str | None:
+    """What makes a path record impossible for node v (None: nothing)."""
+    k, n, T = r["k"], plan.n, plan.hops
+    j = r.get("token")
+    if not (_is_int(j) and 0 <= j < plan.tokens):
+        return f"token {j!r} is not a token id (0..{plan.tokens - 1})"
+    s = r.get("step")
+    if k == "token-start":
+        if plan.start(j) != v:
+            return f"token {j} starts at node {plan.start(j)}, not at {v}"
+        return None if _record_digest(r) is not None else "no digest of the start value"
+    if k == "walk-end":
+        how, at = r.get("how"), r.get("at")
+        if how not in _WALK_ENDS:
+            return f"end {how!r} is not one of {', '.join(_WALK_ENDS)}"
+        if how == "timeout":
+            return None
+        if not (_is_int(at) and 0 <= at < n):
+            return f"end at {at!r}, not a node id"
+        if not (_is_int(s) and 0 <= s <= T):
+            return f"end at step {s!r}, not in 0..{T}"
+        if how == "completed" and s != T:
+            return f"completed at step {s}, not after the last step {T}"
+        return None
+    lo = 0 if k == "token-step" else 1
+    if not (_is_int(s) and lo <= s < T):
+        return f"step {s!r} is not in {lo}..{T - 1}"
+    if k == "token-step":
+        d = r.get("data")
+        return None if isinstance(d, bool) else f"data {d!r} is not true or false"
+    peer = r.get("peer")
+    if not (_is_int(peer) and 0 <= peer < n and peer != v):
+        return f"peer {peer!r} is not another node"
+    a, b = (v, peer) if k == "token-send" else (peer, v)
+    if not plan.W[a, b] > 0:
+        return f"node {a} cannot hand a token to node {b} on this graph"
+    if k in ("token-seen", "token-send") and _record_digest(r) is None:
+        return "no digest of the value"
+    return None
+
+
+@dataclass
+class WalkReplay:
+    """The walks rebuilt from the logs. ``walks[j].holders[s]`` is -1 where no log tells (or
+    the logs disagree about) who made step s; ``certain[j]``: steps 0..certain[j]-1 are known.
+    ``trusted``: the nodes whose log was read whole, ends with the run finished and raised no
+    finding (a trusted log records every step its node made)."""
+
+    walks: list[RealisedWalk]
+    logged: set[int]
+    trusted: set[int]
+    certain: list[int]
+    fault_free: bool
+    made: list[dict[int, set[int]]]  # token -> node -> the steps its own log says it made
+
+
+def replay(run_dir: Path, plan: wk.WalkPlan, integrity: list[dict]) -> WalkReplay:
+    """Rebuild every token's walk from the union of the view logs; every problem goes to
+    ``integrity``. Never raises on damaged logs.
+
+    Who made step s of token j is claimed by the holder's ``token-step`` (and its
+    ``token-start``/``token-accept``/``commit-assumed``), by the next holder's ``token-seen`` and
+    ``token-accept`` (the sender made s-1), by the sender's ``token-send`` (the sender made s-1,
+    the receiver took step s over) and by a ``completed`` end. Claims that disagree leave the
+    step unknown. A step nobody claims is filled only where the protocol leaves one choice: on
+    the ring the walk is public; elsewhere when exactly one node whose log is not trusted could
+    have made it (a trusted log holds every step its node made). Everything else stays unknown,
+    and the losses that depend on it are not computed from a guess."""
     logs = read_logs(run_dir, plan, integrity)
-    T = plan.hops
-    holders = np.full((plan.tokens, T), -1, dtype=np.int64)
-    data = np.zeros((plan.tokens, T), dtype=bool)
-    seen: list[dict[int, list[int]]] = [{} for _ in range(plan.tokens)]
+    n, T, J = plan.n, plan.hops, plan.tokens
+    claims: list[dict[int, dict[int, list[str]]]] = [{} for _ in range(J)]
+    logged_data: list[dict[int, bool]] = [{} for _ in range(J)]
+    seen: list[dict[int, set[int]]] = [{} for _ in range(J)]
+    made: list[dict[int, set[int]]] = [{} for _ in range(J)]
     ends: dict[int, dict] = {}
-    sends: dict[tuple[int, int], tuple[int, str]] = {}  # (token, step) -> (sender, digest)
-    seen_digest: dict[tuple[int, int, int], tuple[int, str]] = {}
-    fault_free = len(logs) == plan.n
+    sends: list[tuple[int, int, int, int]] = []  # (token, step, sender, receiver)
+    send_digest: dict[tuple[int, int, int], str] = {}  # (token, step, sender)
+    seen_digest: list[tuple[int, int, int, int, str]] = []  # (token, step, receiver, sender, dg)
+    fault_free = len(logs) == n
+
+    def claim(j: int, s: int, node: int, why: str, own: bool = False) -> None:
+        claims[j].setdefault(s, {}).setdefault(node, []).append(why)
+        if own:
+            made[j].setdefault(node, set()).add(s)
+
     for v, vl in logs.items():
         finished = False
+        steps_made: set[tuple[int, int]] = set()
         for r in vl.records:
             k = r.get("k")
-            j, s = r.get("token"), r.get("step")
-            if k in ("token-step", "token-seen", "token-send"):
-                if not (isinstance(j, int) and 0 <= j < plan.tokens and isinstance(s, int)
-                        and 0 <= s < T):  # fmt: skip
-                    integrity.append(
-                        {"node": v, "kind": "impossible-record",
-                         "message": f"{k} record seq {r.get('seq')} names token {j!r} step "
-                         f"{s!r}; ignored"}
-                    )  # fmt: skip
-                    continue
-            if k == "token-step":
-                if holders[j, s] not in (-1, v):
-                    integrity.append(
-                        {"node": v, "kind": "double-step",
-                         "message": f"token {j} step {s} is claimed by {holders[j, s]} and {v}"}
-                    )  # fmt: skip
-                holders[j, s] = v
-                data[j, s] = bool(r.get("data"))
-            elif k == "token-seen":
-                seen[j].setdefault(v, []).append(s)
-                dg = r["digest"] if "digest" in r else wk.digest(np.asarray(r["value"]))
-                seen_digest[(j, s, v)] = (r.get("peer"), dg)
-            elif k == "token-send":
-                sends[(j, s)] = (v, r.get("digest"))
-            elif k in ("token-reroute", "token-lost", "commit-assumed", "walk-timeout"):
-                fault_free = False
-            elif k == "walk-end" and isinstance(j, int):
-                ends.setdefault(j, {"how": r.get("how"), "at": r.get("at"), "step": s})
-            elif k == "finished":
+            if k == "finished":
                 finished = True
+            if k in _FAULT_KINDS:
+                fault_free = False
+            if k not in _PATH_KINDS:
+                continue
+            problem = _path_record_problem(plan, v, r)
+            if problem is not None:
+                integrity.append(
+                    {
+                        "node": v,
+                        "kind": "impossible-record",
+                        "message": f"{k} record seq {r.get('seq')!r}: {problem}; ignored",
+                    }
+                )
+                continue
+            j, s, peer = r["token"], r.get("step"), r.get("peer")
+            if k == "token-start":
+                claim(j, 0, v, f"{v} started it", own=True)
+            elif k == "token-step":
+                if (j, s) in steps_made:
+                    integrity.append(
+                        {
+                            "node": v,
+                            "kind": "double-step",
+                            "message": f"token {j} step {s} is logged twice by node {v}",
+                        }
+                    )
+                steps_made.add((j, s))
+                claim(j, s, v, f"{v} logged making it", own=True)
+                logged_data[j][s] = logged_data[j].get(s, False) or r["data"]
+            elif k == "token-seen":
+                claim(j, s - 1, peer, f"{v} saw {peer}'s result")
+                seen[j].setdefault(v, set()).add(s)
+                seen_digest.append((j, s, v, peer, _record_digest(r)))
+            elif k in ("token-accept", "commit-assumed"):
+                claim(j, s, v, f"{v} took the token over", own=True)
+                claim(j, s - 1, peer, f"{v} took {peer}'s result")
+            elif k == "token-send":
+                claim(j, s - 1, v, f"{v} handed its result on")
+                sends.append((j, s, v, peer))
+                send_digest[(j, s, v)] = _record_digest(r)
+            elif k == "walk-end":
+                ends.setdefault(j, {"how": r["how"], "at": r.get("at"), "step": s})
+                if r["how"] == "completed":
+                    claim(j, T - 1, r["at"], f"{v} heard the walk completed at {r['at']}")
         if not finished:
             fault_free = False
             integrity.append(
-                {"node": v, "kind": "unfinished",
-                 "message": "the log ends before the run finished (crash or kill)"}
-            )  # fmt: skip
-    for (j, s, v), (peer, dg) in seen_digest.items():
-        snd = sends.get((j, s))
-        if snd is not None and snd[0] == peer and snd[1] != dg:
+                {
+                    "node": v,
+                    "kind": "unfinished",
+                    "message": "the log ends before the run finished (crash, kill or truncation)",
+                }
+            )
+    for j, s, a, b in sends:
+        end = ends.get(j, {})
+        if not (end.get("how") == "lost" and end.get("at") == b and end.get("step") == s):
+            claim(j, s, b, f"{a} handed it to {b}")
+    for j, s, v, peer, dg in seen_digest:
+        sent = send_digest.get((j, s, peer))
+        if sent is not None and sent != dg:
             integrity.append(
-                {"node": v, "kind": "digest-mismatch",
-                 "message": f"token {j} step {s}: the value from {peer} differs from what "
-                 f"{peer} logged sending"}
-            )  # fmt: skip
-    walks = []
-    for j in range(plan.tokens):
-        made = np.flatnonzero(holders[j] >= 0)
-        length = int(made.max()) + 1 if made.size else 0
-        gaps = np.flatnonzero(holders[j, :length] < 0)
-        if gaps.size:
+                {
+                    "node": v,
+                    "kind": "digest-mismatch",
+                    "message": f"token {j} step {s}: the value from {peer} differs from what "
+                    f"{peer} logged sending",
+                }
+            )
+    flagged = {f.get("node") for f in integrity}
+    trusted = {v for v in logs if v not in flagged}
+    untrusted = [v for v in range(n) if v not in trusted]
+
+    walks, certain = [], []
+    for j in range(J):
+        holders, known_len = _resolve(plan, j, claims[j], untrusted, integrity)
+        length = holders.size
+        data, cut = _data_flags(plan, j, holders, logged_data[j], integrity)
+        certain.append(cut)
+        if cut < length:
             fault_free = False
+            gaps = np.flatnonzero(holders < 0)
+            where = f"steps {gaps[:10].tolist()}{' ...' if gaps.size > 10 else ''}"
+            if not gaps.size:
+                where = f"the steps from {cut} on"
             integrity.append(
-                {"node": None, "kind": "walk-gap",
-                 "message": f"token {j}: no log records steps {gaps[:10].tolist()}"
-                 f"{' ...' if gaps.size > 10 else ''} (a damaged or missing log); the losses "
-                 "that depend on them are not certified"}
-            )  # fmt: skip
-        end = ends.get(j, {"how": "unknown", "at": None, "step": length})
+                {
+                    "node": None,
+                    "kind": "walk-gap",
+                    "message": f"token {j}: the logs do not tell who made {where} (a damaged or "
+                    "missing log); the losses of the observers who saw the token after them are "
+                    "not computed from the walk",
+                }
+            )
+        end = ends.get(j, {"how": "unknown", "at": None, "step": known_len})
         if end.get("how") != "completed" or length != T:
             fault_free = False
         walks.append(
             RealisedWalk(
                 token=j,
-                holders=holders[j, :length].copy(),
-                data=data[j, :length].copy(),
-                seen={v: np.asarray(sorted(set(x)), dtype=np.int64) for v, x in seen[j].items()},
+                holders=holders,
+                data=data,
+                seen={v: np.asarray(sorted(x), dtype=np.int64) for v, x in seen[j].items()},
                 end=end,
             )
         )
-    return walks, set(logs), fault_free and not integrity
+    return WalkReplay(walks, set(logs), trusted, certain, fault_free and not integrity, made)
+
+
+def _resolve(plan: wk.WalkPlan, j: int, claims: dict, untrusted: list[int], integrity: list):
+    """Token j's holders from the claims (-1: unknown), and the number of steps made."""
+    length = max(claims) + 1 if claims else 0
+    holders = np.full(length, -1, dtype=np.int64)
+    for s, who in sorted(claims.items()):
+        if len(who) == 1:
+            holders[s] = next(iter(who))
+        else:
+            said = "; ".join(f"{', '.join(why)}" for why in who.values())
+            integrity.append(
+                {
+                    "node": None,
+                    "kind": "double-step",
+                    "message": f"token {j} step {s} is claimed by nodes {sorted(who)} ({said})",
+                }
+            )
+    if plan.ring:
+        rule = (plan.start(j) + np.arange(length)) % plan.n
+        wrong = np.flatnonzero((holders >= 0) & (holders != rule))
+        if wrong.size:
+            integrity.append(
+                {
+                    "node": None,
+                    "kind": "impossible-walk",
+                    "message": f"token {j}: the logs name holders off the ring at steps "
+                    f"{wrong[:10].tolist()}; the ring's walk is used",
+                }
+            )
+        return rule.astype(np.int64), length
+    W = plan.W
+    for s in range(length):
+        if holders[s] >= 0:
+            continue
+        prev = holders[s - 1] if s > 0 else -1
+        nxt = holders[s + 1] if s + 1 < length else -1
+        cand = [
+            c
+            for c in untrusted
+            if (s > 0 or c == plan.start(j))
+            and (prev < 0 or W[prev, c] > 0)
+            and (nxt < 0 or W[c, nxt] > 0)
+        ]
+        if len(cand) == 1:
+            holders[s] = cand[0]
+    if length and holders[0] >= 0 and holders[0] != plan.start(j):
+        integrity.append(
+            {
+                "node": None,
+                "kind": "impossible-walk",
+                "message": f"token {j}: step 0 is claimed by {holders[0]}, but the token starts "
+                f"at {plan.start(j)}",
+            }
+        )
+        holders[0] = -1
+    for s in range(1, length):
+        a, b = holders[s - 1], holders[s]
+        if a >= 0 and b >= 0 and not W[a, b] > 0:
+            integrity.append(
+                {
+                    "node": None,
+                    "kind": "impossible-walk",
+                    "message": f"token {j}: step {s - 1} by {a} then step {s} by {b}, a hop this "
+                    "graph does not have",
+                }
+            )
+            holders[s] = -1
+    return holders, length
+
+
+def _data_flags(plan: wk.WalkPlan, j: int, holders: np.ndarray, logged: dict, integrity: list):
+    """Whether each step added data: the protocol's rule (a holder adds data while under its
+    cap) on the known prefix of the walk, checked against the logged flags; a step either says
+    added data counts as data. Returns (data, certain prefix length)."""
+    length = holders.size
+    unknown = np.flatnonzero(holders < 0)
+    cut = int(unknown[0]) if unknown.size else length
+    data = np.ones(length, dtype=bool)  # past the known prefix: assume data (the larger loss)
+    counts: dict[int, int] = {}
+    bad = []
+    for s in range(cut):
+        v = int(holders[s])
+        k = counts.get(v, 0)
+        rule = plan.contributes(k)
+        if rule:
+            counts[v] = k + 1
+        if s in logged and logged[s] != rule:
+            bad.append(s)
+        data[s] = rule or logged.get(s, False)
+    for s, d in logged.items():
+        if s >= cut and s < length:
+            data[s] = data[s] or d
+    if bad:
+        integrity.append(
+            {
+                "node": None,
+                "kind": "data-mismatch",
+                "message": f"token {j}: steps {bad[:10].tolist()} log whether data went in "
+                "differently from the protocol's cap rule; counted as data",
+            }
+        )
+    return data, cut
+
+
+def replay_walks(run_dir: Path, plan: wk.WalkPlan, integrity: list[dict]):
+    """The realised walks from the view logs (the union of every node's log), integrity
+    findings on the way. Returns (walks, logged nodes, fault_free); a walk's holder is -1 at a
+    step no log tells (see :func:`replay`)."""
+    rp = replay(run_dir, plan, integrity)
+    return rp.walks, rp.logged, rp.fault_free
+
+
+def _prefix(w: RealisedWalk, cut: int) -> RealisedWalk:
+    return RealisedWalk(
+        token=w.token,
+        holders=w.holders[:cut].copy(),
+        data=w.data[:cut].copy(),
+        seen={v: x[x <= cut] for v, x in w.seen.items()},
+        end=w.end,
+    )
+
+
+def _computable(rp: WalkReplay, v: int) -> bool:
+    """Whether observer v's view is known and lies within the known part of every walk."""
+    if v not in rp.trusted:
+        return False
+    for w, cut, made in zip(rp.walks, rp.certain, rp.made, strict=True):
+        own = np.flatnonzero(w.holders == v)
+        extra = w.seen.get(v, np.zeros(0, dtype=np.int64))
+        last = max([-1, *own.tolist(), *extra.tolist(), *made.get(v, ())])
+        if last > cut:
+            return False
+    return True
 
 
 def audit_run(run_dir: Path, cfg: Config, plan: wk.WalkPlan, observers=None) -> dict:
-
+    """The losses of every observer (those with a readable log, or ``observers``) from the
+    realised walks. An observer whose own log is not trusted, or who saw a token after a step
+    the logs cannot tell, gets the worst case (:func:`worst_case_losses`) for ``exact``; an
+    observer with no log at all gets it for both methods."""
     integrity: list[dict] = []
-    walks, logged, fault_free = replay_walks(run_dir, plan, integrity)
-    wanted = sorted(logged) if observers is None else observers
+    rp = replay(run_dir, plan, integrity)
+    wanted = sorted(rp.logged) if observers is None else [int(v) for v in observers]
     for v in wanted:
         if not 0 <= v < plan.n:
             raise AuditError(f"observer {v} is not a node id (0..{plan.n - 1})")
-        if v not in logged:
-            raise AuditError(f"no readable view log for observer {v} in {run_dir / 'logs'}")
     E_paper, _ = paper_eps(plan)
-    exact = exact_losses(plan, walks, wanted)
+    prefixes = [_prefix(w, cut) for w, cut in zip(rp.walks, rp.certain, strict=True)]
+    computable = [v for v in wanted if _computable(rp, v)]
+    exact = exact_losses(plan, prefixes, computable)
+    others = [v for v in wanted if v not in exact]
+    worst = worst_case_losses(cfg, plan, others) if others else {}
     dist = graphs.all_distances(plan.graph)
+    worst_notes = []
     out_obs = []
     for v in wanted:
+        basis = "realised walk" if v in exact else "worst case"
+        if v not in exact:
+            why = (
+                "has no readable log"
+                if v not in rp.logged
+                else "has a damaged or unfinished log"
+                if v not in rp.trusted
+                else "saw a token after steps the logs cannot tell"
+            )
+            worst_notes.append(
+                {
+                    "observer": v,
+                    "message": f"observer {v} {why}: its 'exact' losses are the worst case (the "
+                    "larger of the plan and the local-DP loss of every contribution)",
+                }
+            )
         losses = []
         for src in range(plan.n):
             if src == v:
                 continue
-            for m, rec in (
-                ("exact", exact[v][src]),
-                ("paper", WalkUnits.eps_only(E_paper[v, src])),
-            ):
-                losses.append({"source": src, "method": m, "distance": int(dist[v, src]), **rec})
-        out_obs.append({"observer": v, "losses": losses})
+            if v in exact:
+                ex = exact[v][src]
+            else:
+                ex = worst[v][(src, "exact")]
+            if v in rp.logged:
+                pa = WalkUnits.eps_only(E_paper[v, src])
+            else:
+                pa = worst[v][(src, "paper")]
+            for m, rec in (("exact", ex), ("paper", pa)):
+                losses.append(
+                    {"source": src, "method": m, "distance": int(dist[v, src]), **_loss_entry(rec)}
+                )
+        out_obs.append({"observer": v, "basis": basis, "losses": losses})
+    walks_out = []
+    for w, cut in zip(rp.walks, rp.certain, strict=True):
+        known = w.holders >= 0
+        walks_out.append(
+            {
+                "token": w.token,
+                "length": w.length,
+                "end": w.end,
+                "contributions": np.bincount(w.holders[known & w.data], minlength=plan.n).tolist(),
+                "unknown_steps": int((~known).sum()),
+                "certain_steps": int(cut),
+            }
+        )
     return {
         "run_dir": str(run_dir),
         "protocol": plan.protocol,
@@ -511,21 +883,14 @@ def audit_run(run_dir: Path, cfg: Config, plan: wk.WalkPlan, observers=None) -> 
         "delta": plan.delta,
         "n": plan.n,
         "steps": plan.hops,
-        "fault_free": fault_free,
+        "fault_free": rp.fault_free and not integrity,
         "ldp": ldp_baseline(plan),
         "accounting": accounting_note(plan, planned=False),
-        "walks": [
-            {
-                "token": w.token,
-                "length": w.length,
-                "end": w.end,
-                "contributions": np.bincount(w.holders[w.data], minlength=plan.n).tolist(),
-            }
-            for w in walks
-        ],  # fmt: skip
+        "walks": walks_out,
         "observers": out_obs,
         "complete": not integrity,
         "integrity": integrity,
+        "worst_case": worst_notes,
         "notes": [],
     }
 

@@ -12,6 +12,16 @@ from coordinator_free.accounting.render import fmt, table
 from coordinator_free.families.averaging import render as gossip
 
 
+def print_audit(rep: dict) -> None:
+    """The generic audit, then the observers whose 'exact' losses are the worst case."""
+    gossip.print_audit(rep)
+    worst = rep.get("worst_case", [])
+    if worst:
+        print(f"\n'exact' is the worst case for {len(worst)} observer(s):")
+        for x in worst:
+            print(f"  {x['message']}")
+
+
 def print_plan(rep: dict) -> None:
     print(
         f"protocol={rep['protocol']}  n={rep['n']}  hops per token={rep['hops']}  "
