@@ -245,15 +245,6 @@ class Injector:
         ignore_fault_signals()
 
 
-def ignore_fault_signals() -> None:
-    """A cut or heal that reaches the process before its loop runs or after it closed must
-    not kill it (the default action of SIGUSR1/SIGUSR2): there is nothing left to cut."""
-    for sig in (signal.SIGUSR1, signal.SIGUSR2):
-        try:
-            signal.signal(sig, signal.SIG_IGN)
-        except (OSError, ValueError):  # pragma: no cover - not the main thread
-            pass
-
     def _signal(self, what: str) -> None:
         if what == "cut":
             self.link.block(self.neighbours)
@@ -273,6 +264,16 @@ def ignore_fault_signals() -> None:
 
     def summary(self) -> dict:
         return {"link": dict(self.link.counts), "nan": self.nan_sent, "signals": self.signals}
+
+
+def ignore_fault_signals() -> None:
+    """A cut or heal that reaches the process before its loop runs or after it closed must
+    not kill it (the default action of SIGUSR1/SIGUSR2): there is nothing left to cut."""
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        try:
+            signal.signal(sig, signal.SIG_IGN)
+        except (OSError, ValueError):  # pragma: no cover - not the main thread
+            pass
 
 
 def node_params(cfg: Config, plan, node_id: int) -> dict:
