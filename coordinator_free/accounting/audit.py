@@ -67,15 +67,15 @@ def audit_run(run_dir: str | Path, *, observers: list[int] | None = None) -> dic
     except Exception as exc:  # a damaged log must not stop the audit: the plan stands in
         failed = f"{type(exc).__name__}: {exc}"
         rep = _plan_skeleton(run_dir, cfg, plan, fam)
-        extra.insert(
-            0,
+        extra[:0] = [
             {
                 "node": None,
                 "kind": "audit-failed",
                 "message": f"the {fam.name} audit of the logs failed ({failed}); every loss "
                 "below is the plan's, or the worst case for observers without a usable log",
             },
-        )
+            *_log_findings(run_dir, plan),
+        ]
     rep["integrity"] = list(rep.get("integrity", [])) + extra
     if faults is not None:
         rep["faults"] = faults
@@ -127,7 +127,9 @@ def floor(rep: dict, fam, cfg, plan, wanted: list[int], *, failed: bool = False)
             if f.get("kind") not in kinds:
                 kinds.append(str(f.get("kind")))
     no_view = {v for v, kinds in kinds_of.items() if NO_VIEW_KINDS.intersection(kinds)}
-    worst_obs = [v for v in wanted if v in no_view or v not in by_obs]
+    # The family reports every observer it could audit; when it failed, the logs' own findings
+    # say which observers have no usable view.
+    worst_obs = [v for v in wanted if v in no_view or (v not in by_obs and not failed)]
     try:
         planned = fam.planned_losses(cfg, plan, [v for v in wanted if v not in worst_obs])
         worst = fam.worst_case_losses(cfg, plan, worst_obs) if worst_obs else {}
@@ -180,6 +182,20 @@ def floor(rep: dict, fam, cfg, plan, wanted: list[int], *, failed: bool = False)
 def _at_least(have, want: float) -> bool:
     """Whether a family's eps ``have`` is a number at least ``want`` (NaN or None is not)."""
     return isinstance(have, int | float) and not isinstance(have, bool) and have >= want
+
+
+def _log_findings(run_dir: Path, plan) -> list[dict]:
+    """What reading the logs finds (missing, unreadable, torn, of another run...), for a report
+    whose family audit failed."""
+    integrity: list[dict] = []
+    try:
+        read_logs(run_dir, plan, integrity)
+    except Exception as exc:  # then nothing is known of any log: every observer is worst case
+        return [
+            {"node": v, "kind": "unreadable-log", "message": f"logs could not be read: {exc}"}
+            for v in range(plan.n)
+        ]
+    return integrity
 
 
 def _plan_skeleton(run_dir: Path, cfg, plan, fam) -> dict:

@@ -15,8 +15,9 @@ builds on it, and ``accounting.audit`` reaches the families through the registry
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -57,8 +58,15 @@ class Units:
 
     def loss(self, factor: float) -> dict:
         rho = max(0.0, float(factor)) * self.ldp_rho
-        eps = rdp_mod.eps_from_rho(rho, self.delta)[0] if rho > 0 else 0.0
+        eps = _eps_of_rho(rho, self.delta) if rho > 0 else 0.0
         return {"rdp": self.alpha * rho, "eps": eps}
+
+
+@functools.lru_cache(maxsize=4096)
+def _eps_of_rho(rho: float, delta: float) -> float:
+    # A root search per call; audits ask for the same few values (a fault-free factor, local
+    # DP) over and over.
+    return rdp_mod.eps_from_rho(rho, delta)[0]
 
 
 def units_of(plan) -> Units:
@@ -169,8 +177,8 @@ def is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def bad_record(node: int, record: dict, field: str, why: str) -> dict:
-    """The integrity finding of a record whose field ``field`` is missing or of the wrong type:
+def bad_record(node: int, record: dict, name: str, why: str) -> dict:
+    """The integrity finding of a record whose field ``name`` is missing or of the wrong type:
     it names the node, the record's seq and the field, and the record is ignored."""
     seq = record.get("seq")
     seq = seq if is_int(seq) else None
@@ -178,8 +186,8 @@ def bad_record(node: int, record: dict, field: str, why: str) -> dict:
         "node": node,
         "kind": "bad-record",
         "seq": seq,
-        "field": field,
-        "message": f"{record.get('k')!r} record seq {seq}: field {field!r} {why}; record ignored",
+        "field": name,
+        "message": f"{record.get('k')!r} record seq {seq}: field {name!r} {why}; record ignored",
     }
 
 
@@ -220,6 +228,8 @@ class ExchangeScan:
     used: dict[int, dict[int, set[int]]]  # node -> step -> senders whose value it used on time
     seen: dict[int, set[tuple[int, int]]]  # node -> {(step, sender)} it received, late included
     finished: set[int]  # nodes whose log ends with the run finished
+    # node -> {(step, sender)} whose value its log says it missed at the step
+    missed: dict[int, set[tuple[int, int]]] = field(default_factory=dict)
 
 
 def scan_exchanges(logs: dict, plan, integrity: list[dict], digest) -> ExchangeScan:
@@ -400,4 +410,4 @@ def scan_exchanges(logs: dict, plan, integrity: list[dict], digest) -> ExchangeS
                 f"arrived in {v}'s finished log: {shown}{more}",
             }
         )
-    return ExchangeScan(used=used, seen=seen_all, finished=finished_nodes)
+    return ExchangeScan(used=used, seen=seen_all, finished=finished_nodes, missed=missed)

@@ -394,8 +394,8 @@ class Replay:
     logged: set[int]  # nodes whose log could be read
     fault_free: bool
     integrity: list[dict]
-    missed: int = 0  # values a logged node did not get in time, over every step
-    late: int = 0  # values a logged node got only after their step
+    missed: int = 0  # values the logs say were missed at their step ("miss" records)
+    late: int = 0  # values the logs say came only after their step
 
 
 def replay(run_dir: Path, plan: mf.MuffliatoPlan) -> Replay:
@@ -437,7 +437,7 @@ def replay(run_dir: Path, plan: mf.MuffliatoPlan) -> Replay:
         if received[v] != full:
             fault_free = False
         on_time = {(t, w) for t, ws in got[v].items() for w in ws}
-        missed += len(full - on_time)
+        missed += len(scan.missed.get(v, ()))
         late += len(received[v] - on_time)
     return Replay(
         steps=steps,
@@ -517,7 +517,7 @@ def audit_run(run_dir: Path, cfg, plan, observers: list[int] | None = None) -> d
         "ldp": ldp_baseline(plan),
         "accounting": accounting_note(plan),
         "observers": out_obs,
-        # The faults the logs show: values not used at their step, values that came late.
+        # The faults the logs show: values missed at their step, values that came late.
         "realised": {"missed": rp.missed, "late": rp.late},
         # False when a log is missing, damaged or unfinished: the schedule of the nodes
         # concerned was partly assumed (a missing log: every value used), see "integrity".
