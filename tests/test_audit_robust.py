@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from logfuzz import Log, encode, entries, frame, fuzz, planned, verdict
+from logfuzz import Log, encode, entries, fuzz, planned, verdict
 from memrun import write_run_dir
 
 from coordinator_free import config, rundir
