@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from pathlib import Path
 
 from coordinator_free import config as config_mod
@@ -56,9 +57,11 @@ def audit_run(run_dir: str | Path, *, observers: list[int] | None = None) -> dic
     fam = family_of(cfg.protocol.name)
     if observers is not None:
         for v in observers:
-            if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < plan.n):
+            if not (
+                isinstance(v, numbers.Integral) and not isinstance(v, bool) and 0 <= v < plan.n
+            ):
                 raise AuditError(f"observer {v!r} is not a node id (0..{plan.n - 1})")
-        observers = list(dict.fromkeys(observers))
+        observers = list(dict.fromkeys(int(v) for v in observers))
     extra: list[dict] = []
     faults = read_faults(run_dir, extra)
     try:
