@@ -11,7 +11,9 @@ for it.
 
 from __future__ import annotations
 
+import json
 import math
+import numbers
 from pathlib import Path
 
 from coordinator_free import config as config_mod
@@ -45,10 +47,223 @@ def plan_report(cfg: config_mod.Config, *, source: int | None, method: str) -> d
 
 
 def audit_run(run_dir: str | Path, *, observers: list[int] | None = None) -> dict:
-    """The losses every observer experienced, from the view logs of ``run_dir``."""
+    """The losses every observer experienced, from the view logs of ``run_dir``.
+
+    The family's accountant replays the logs; then, whatever is missing or damaged, no loss is
+    reported below what the fault-free plan gives (see :func:`floor`). Only a run directory
+    without a readable config, or an observer that is not a node id, is an error."""
     run_dir = Path(run_dir)
     cfg, plan = load_run(run_dir)
-    return family_of(cfg.protocol.name).audit(run_dir, cfg, plan, observers)
+    fam = family_of(cfg.protocol.name)
+    if observers is not None:
+        for v in observers:
+            if not (
+                isinstance(v, numbers.Integral) and not isinstance(v, bool) and 0 <= v < plan.n
+            ):
+                raise AuditError(f"observer {v!r} is not a node id (0..{plan.n - 1})")
+        observers = list(dict.fromkeys(int(v) for v in observers))
+    extra: list[dict] = []
+    faults = read_faults(run_dir, extra)
+    try:
+        rep = fam.audit(run_dir, cfg, plan, observers)
+        failed = None
+    except Exception as exc:  # a damaged log must not stop the audit: the plan stands in
+        failed = f"{type(exc).__name__}: {exc}"
+        rep = _plan_skeleton(run_dir, cfg, plan, fam)
+        extra[:0] = [
+            {
+                "node": None,
+                "kind": "audit-failed",
+                "message": f"the {fam.name} audit of the logs failed ({failed}); every loss "
+                "below is the plan's, or the worst case for observers without a usable log",
+            },
+            *_log_findings(run_dir, plan),
+        ]
+    rep["integrity"] = list(rep.get("integrity", [])) + extra
+    if faults is not None:
+        rep["faults"] = faults
+    wanted = list(range(plan.n)) if observers is None else observers
+    return floor(rep, fam, cfg, plan, wanted, failed=failed is not None)
+
+
+#: Findings that leave nothing trustworthy of a node's own view: its log is absent, unreadable,
+#: not a view log of this node and run, or written under other public parameters.
+NO_VIEW_KINDS = frozenset(
+    {
+        "missing-log",
+        "unreadable-log",
+        "wrong-log",
+        "missing-header",
+        "bad-magic",
+        "bad-header",
+        "param-mismatch",
+    }
+)
+ELSEWHERE = "a log elsewhere in the run is damaged or incomplete"
+
+
+def floor(rep: dict, fam, cfg, plan, wanted: list[int], *, failed: bool = False) -> dict:
+    """Raise every loss of an audit whose logs are not all intact to at least the plan's.
+
+    With no integrity finding, every entry is the family's realised loss (``"basis":
+    "realised"``). Otherwise every entry whose planned eps is larger takes the planned
+    factor, rdp and eps (``"basis": "plan"``); the observers whose own log is missing or
+    unusable (:data:`NO_VIEW_KINDS`), or whom the family could not audit, get for every entry
+    the larger of the family's number and the worst case (``"basis": "worst-case"``). An entry
+    not realised says why, and a raised entry keeps the family's own numbers under
+    ``"from_logs"``. No number the family computed is ever lowered. The report gets
+    ``"conservative"``: whether the floor applied."""
+    findings = rep["integrity"]
+    conservative = bool(findings) or failed
+    by_obs = {o["observer"]: o for o in rep.get("observers", [])}
+    if not conservative:
+        for o in by_obs.values():
+            for x in o["losses"]:
+                x["basis"] = "realised"
+        rep["conservative"] = False
+        return rep
+    kinds_of: dict[int, list[str]] = {}
+    for f in findings:
+        node = f.get("node")
+        if isinstance(node, int) and not isinstance(node, bool):
+            kinds = kinds_of.setdefault(node, [])
+            if f.get("kind") not in kinds:
+                kinds.append(str(f.get("kind")))
+    no_view = {v for v, kinds in kinds_of.items() if NO_VIEW_KINDS.intersection(kinds)}
+    # The family reports every observer it could audit; when it failed, the logs' own findings
+    # say which observers have no usable view.
+    worst_obs = [v for v in wanted if v in no_view or (v not in by_obs and not failed)]
+    try:
+        planned = fam.planned_losses(cfg, plan, [v for v in wanted if v not in worst_obs])
+        worst = fam.worst_case_losses(cfg, plan, worst_obs) if worst_obs else {}
+    except NotImplementedError as exc:
+        if failed:
+            raise AuditError(f"the audit of {rep.get('run_dir')} failed and {exc}") from None
+        rep.setdefault("notes", []).append(
+            {"kind": "no-floor", "message": f"losses are not floored at the plan: {exc}"}
+        )
+        for o in by_obs.values():
+            for x in o["losses"]:
+                x["basis"] = "realised"
+        rep["conservative"] = False
+        return rep
+    general = "audit-failed" if failed else ELSEWHERE
+    out = []
+    for v in wanted:
+        own = ", ".join(kinds_of.get(v, []))
+        if v in worst_obs:
+            basis, ref = "worst-case", worst[v]
+            why = own or "no usable view log"
+        else:
+            basis, ref = "plan", planned[v]
+            why = own or general
+        o = by_obs.get(v) or {"observer": v, "losses": []}
+        have = {(x.get("source"), x.get("method")): x for x in o["losses"]}
+        for x in o["losses"]:
+            x["basis"] = "realised"
+        for (src, m), p in ref.items():
+            x = have.get((src, m))
+            if x is None:
+                x = {"source": src, "method": m, **p}
+                o["losses"].append(x)
+            elif not _at_least(x.get("eps"), p["eps"]):
+                x["from_logs"] = {k: x.get(k) for k in ("factor", "rdp", "eps")}
+                x.update(factor=p["factor"], rdp=p["rdp"], eps=p["eps"])
+            elif basis != "worst-case":
+                continue
+            x["basis"] = basis
+            x["why"] = why
+        o["losses"].sort(key=lambda x: (x.get("source", -1), str(x.get("method"))))
+        out.append(o)
+    rep["observers"] = out
+    rep["conservative"] = True
+    rep["fault_free"] = False
+    rep["complete"] = False
+    return rep
+
+
+def _at_least(have, want: float) -> bool:
+    """Whether a family's eps ``have`` is a number at least ``want`` (NaN or None is not)."""
+    return isinstance(have, int | float) and not isinstance(have, bool) and have >= want
+
+
+def _log_findings(run_dir: Path, plan) -> list[dict]:
+    """What reading the logs finds (missing, unreadable, torn, of another run...), for a report
+    whose family audit failed."""
+    integrity: list[dict] = []
+    try:
+        read_logs(run_dir, plan, integrity)
+    except Exception as exc:  # then nothing is known of any log: every observer is worst case
+        return [
+            {"node": v, "kind": "unreadable-log", "message": f"logs could not be read: {exc}"}
+            for v in range(plan.n)
+        ]
+    return integrity
+
+
+def _plan_skeleton(run_dir: Path, cfg, plan, fam) -> dict:
+    """The report an audit that failed falls back on: the run's public parameters and no
+    realised loss (``floor`` fills in the plan's)."""
+    rep = {
+        "run_dir": str(run_dir),
+        "protocol": cfg.protocol.name,
+        "alpha": plan.alpha,
+        "delta": plan.delta,
+        "n": plan.n,
+        "steps": getattr(plan, "steps", None),
+        "fault_free": False,
+        "observers": [],
+        "complete": False,
+        "integrity": [],
+        "notes": [],
+    }
+    try:
+        pr = fam.plan_report(cfg, plan, source=None, method="exact")
+    except Exception:  # the plan's summary is a courtesy here; the losses come from floor
+        pr = {}
+    for key in ("ldp", "accounting"):
+        if key in pr:
+            rep[key] = pr[key]
+    return rep
+
+
+def read_faults(run_dir: Path, integrity: list[dict]) -> dict | None:
+    """The declared and injected faults of a run (``faults.json``), or None when the run has
+    none; a damaged file is an integrity finding."""
+    path = rundir.faults_path(run_dir)
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        integrity.append(
+            {"node": None, "kind": "bad-faults-file", "message": f"{path}: cannot be read: {exc}"}
+        )
+        return None
+    problem = _faults_problem(data)
+    if problem:
+        integrity.append(
+            {"node": None, "kind": "bad-faults-file", "message": f"{path}: {problem}; ignored"}
+        )
+        return None
+    return data
+
+
+def _faults_problem(data) -> str | None:
+    if not isinstance(data, dict):
+        return f"expected an object with 'declared' and 'injected', got {type(data).__name__}"
+    declared, injected = data.get("declared", []), data.get("injected", [])
+    if not (isinstance(declared, list) and all(isinstance(d, str) for d in declared)):
+        return "'declared' is not a list of strings"
+    if not isinstance(injected, list):
+        return "'injected' is not a list"
+    for i, f in enumerate(injected):
+        if not isinstance(f, dict) or not isinstance(f.get("fault"), str):
+            return f"injected[{i}] is not an object with a string 'fault'"
+        node = f.get("node")
+        if node is not None and not (isinstance(node, int) and not isinstance(node, bool)):
+            return f"injected[{i}]: 'node' is {node!r}, not a node id"
+    return None
 
 
 def calibrate(

@@ -15,8 +15,9 @@ builds on it, and ``accounting.audit`` reaches the families through the registry
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -57,8 +58,15 @@ class Units:
 
     def loss(self, factor: float) -> dict:
         rho = max(0.0, float(factor)) * self.ldp_rho
-        eps = rdp_mod.eps_from_rho(rho, self.delta)[0] if rho > 0 else 0.0
+        eps = _eps_of_rho(rho, self.delta) if rho > 0 else 0.0
         return {"rdp": self.alpha * rho, "eps": eps}
+
+
+@functools.lru_cache(maxsize=4096)
+def _eps_of_rho(rho: float, delta: float) -> float:
+    # A root search per call; audits ask for the same few values (a fault-free factor, local
+    # DP) over and over.
+    return rdp_mod.eps_from_rho(rho, delta)[0]
 
 
 def units_of(plan) -> Units:
@@ -100,7 +108,9 @@ def read_logs(run_dir: Path, plan, integrity: list[dict]) -> dict:
                 }
             )
             continue
-        params = vl.header.get("params", {})
+        params = vl.header.get("params")
+        if not isinstance(params, dict):
+            continue  # a "bad-header" problem already says so; the log is not used
         for key, want in expected_params.items():
             have = params.get(key)
             if isinstance(want, float) and isinstance(have, float):
@@ -162,67 +172,162 @@ def smallest_sigma(eps_at, target_eps: float, sensitivity: float) -> float:
     return hi
 
 
+def is_int(x) -> bool:
+    """An integer field of a log record (a bool is not one)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def bad_record(node: int, record: dict, name: str, why: str) -> dict:
+    """The integrity finding of a record whose field ``name`` is missing or of the wrong type:
+    it names the node, the record's seq and the field, and the record is ignored."""
+    seq = record.get("seq")
+    seq = seq if is_int(seq) else None
+    return {
+        "node": node,
+        "kind": "bad-record",
+        "seq": seq,
+        "field": name,
+        "message": f"{record.get('k')!r} record seq {seq}: field {name!r} {why}; record ignored",
+    }
+
+
+def _int_field(node: int, r: dict, name: str, integrity: list[dict]) -> bool:
+    x = r.get(name)
+    if is_int(x):
+        return True
+    what = "is missing" if name not in r else f"is {type(x).__name__} {x!r:.40}, not an integer"
+    integrity.append(bad_record(node, r, name, what))
+    return False
+
+
+def _value_digest(node: int, r: dict, digest, integrity: list[dict]) -> str | None:
+    """The digest of the value a recv or late record names: its ``digest`` field, else the
+    digest of its ``value`` (logs that keep values). None (with a finding) for a record that
+    names no usable value."""
+    if "digest" in r:
+        dg = r["digest"]
+        if isinstance(dg, str):
+            return dg
+        integrity.append(bad_record(node, r, "digest", f"is {type(dg).__name__}, not a string"))
+        return None
+    if "value" not in r:
+        integrity.append(bad_record(node, r, "digest", "is missing (and so is 'value')"))
+        return None
+    value = r["value"]
+    if not (isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in "fiu"):
+        integrity.append(bad_record(node, r, "value", "is not a one-dimensional numeric array"))
+        return None
+    return digest(value)
+
+
 @dataclass
 class ExchangeScan:
-    """What the exchange records (``send``, ``recv``, ``late``, ``finished``) of every readable
-    log say, after the integrity checks every family gets."""
+    """What the exchange records (``send``, ``recv``, ``late``, ``miss``, ``finished``) of every
+    readable log say, after the integrity checks every family gets."""
 
     used: dict[int, dict[int, set[int]]]  # node -> step -> senders whose value it used on time
     seen: dict[int, set[tuple[int, int]]]  # node -> {(step, sender)} it received, late included
     finished: set[int]  # nodes whose log ends with the run finished
+    # node -> {(step, sender)} whose value its log says it missed at the step
+    missed: dict[int, set[tuple[int, int]]] = field(default_factory=dict)
 
 
 def scan_exchanges(logs: dict, plan, integrity: list[dict], digest) -> ExchangeScan:
     """The integrity checks of the exchange records, the same for every family that exchanges
     values at numbered steps (gossip averaging, randomized gossip, learning, DECOR):
 
-    * ``impossible-record``: a send, recv or late record whose step is not in 0..steps-1 or whose
-      peer is not the node's partner at that step (ignored);
+    * ``bad-record``: a record whose fields are missing or of the wrong type (ignored);
+    * ``impossible-record``: a send, recv, late or miss record whose step is not in
+      0..steps-1 or whose peer is not the node's partner at that step (ignored);
     * ``unfinished``: a log that ends before the node finished (a crash, a kill, a truncation);
     * ``unmatched-recv``: a value received from a node whose log has no matching send;
-    * ``digest-mismatch``: a value received that differs from what its sender logged sending.
+    * ``digest-mismatch``: a value received that differs from what its sender logged sending;
+    * ``duplicate-record``: a value received twice at the same step from the same partner (the
+      step engine logs a second copy as ``duplicate``);
+    * ``contradictory-records``: a value both received on time and missed, or a duplicate of a
+      value never received;
+    * ``missing-exchange-record``: a finished log that says neither that it received nor that it
+      missed a partner's value at some step (a finished node logs one or the other for every
+      partner of every step);
+    * ``unacknowledged-send``: a value a finished node logged sending to a finished partner that
+      the partner's log never received, on time or late (a message lost or still in flight when
+      the partner stopped: never on a fault-free run).
 
     ``digest(value)`` computes the digest of a logged value (logs that keep values rather than
-    digests). Every problem is appended to ``integrity``."""
+    digests). Every problem is appended to ``integrity``; a record with a problem is ignored."""
     T = plan.steps
     used: dict[int, dict[int, set[int]]] = {}
     seen_all: dict[int, set[tuple[int, int]]] = {}
     finished_nodes: set[int] = set()
     sends: dict[tuple[int, int, int], str | None] = {}  # (step, sender, receiver) -> digest
     recvs: dict[tuple[int, int, int], str] = {}
+    missed: dict[int, set[tuple[int, int]]] = {}
     for v, vl in logs.items():
         per_step: dict[int, set[int]] = {}
         seen: set[tuple[int, int]] = set()
+        on_time: set[tuple[int, int]] = set()
+        miss: set[tuple[int, int]] = set()
+        dups: list[tuple[dict, int, int]] = []
         for r in vl.records:
             k = r.get("k")
-            if k in ("recv", "late", "send"):
-                t, w = r.get("step"), r.get("peer")
+            if k in ("recv", "late", "send", "miss"):
                 if not (
-                    isinstance(t, int)
-                    and isinstance(w, int)
-                    and 0 <= t < T
-                    and w in plan.partners_at(v, t)
+                    _int_field(v, r, "step", integrity) and _int_field(v, r, "peer", integrity)
                 ):
+                    continue
+                t, w = r["step"], r["peer"]
+                if not (0 <= t < T and w in plan.partners_at(v, t)):
                     integrity.append(
                         {
                             "node": v,
                             "kind": "impossible-record",
+                            "seq": r.get("seq"),
                             "message": f"{k} record seq {r.get('seq')} names step {t!r} and "
                             f"peer {w!r}, impossible for node {v}; ignored",
                         }
                     )
                     continue
-                if k == "recv":
-                    per_step.setdefault(t, set()).add(w)
-                    seen.add((t, w))
-                    recvs[(t, w, v)] = (
-                        r["digest"] if "digest" in r else digest(np.asarray(r["value"]))
-                    )
-                elif k == "late":
-                    seen.add((t, w))
+                if k == "send":
+                    if not isinstance(r.get("digest"), str):
+                        integrity.append(bad_record(v, r, "digest", "is missing or not a string"))
+                        continue
+                    sends[(t, v, w)] = r["digest"]
+                elif k == "miss":
+                    if not isinstance(r.get("reason"), str):
+                        integrity.append(bad_record(v, r, "reason", "is missing or not a string"))
+                        continue
+                    miss.add((t, w))
                 else:
-                    sends[(t, v, w)] = r.get("digest")
+                    if k == "late" and not _int_field(v, r, "now", integrity):
+                        continue
+                    dg = _value_digest(v, r, digest, integrity)
+                    if dg is None:
+                        continue
+                    if k == "recv":
+                        if (t, w) in on_time:
+                            integrity.append(
+                                {
+                                    "node": v,
+                                    "kind": "duplicate-record",
+                                    "seq": r.get("seq"),
+                                    "message": f"recv record seq {r.get('seq')}: a second value "
+                                    f"from {w} at step {t}; ignored",
+                                }
+                            )
+                            continue
+                        on_time.add((t, w))
+                        per_step.setdefault(t, set()).add(w)
+                        recvs[(t, w, v)] = dg
+                    seen.add((t, w))
+            elif k == "duplicate" and "kind" not in r:
+                if is_int(r.get("step")) and is_int(r.get("peer")):
+                    dups.append((r, r["step"], r["peer"]))
             elif k == "finished":
+                if r.get("steps") != T or not is_int(r.get("steps")):
+                    integrity.append(
+                        bad_record(v, r, "steps", f"is {r.get('steps')!r}, the plan has {T} steps")
+                    )
+                    continue
                 finished_nodes.add(v)
         if v not in finished_nodes:
             integrity.append(
@@ -232,8 +337,46 @@ def scan_exchanges(logs: dict, plan, integrity: list[dict], digest) -> ExchangeS
                     "message": "the log ends before the run finished (crash or kill)",
                 }
             )
+        for t, w in sorted(on_time & miss):
+            integrity.append(
+                {
+                    "node": v,
+                    "kind": "contradictory-records",
+                    "message": f"step {t}: the value from {w} is logged both received and missed",
+                }
+            )
+        for r, t, w in dups:
+            if (t, w) not in on_time:
+                integrity.append(
+                    {
+                        "node": v,
+                        "kind": "contradictory-records",
+                        "seq": r.get("seq"),
+                        "message": f"duplicate record seq {r.get('seq')}: a second copy of the "
+                        f"value from {w} at step {t}, whose first copy is not in the log",
+                    }
+                )
+        if v in finished_nodes:
+            silent = [
+                (t, w)
+                for t in range(T)
+                for w in plan.partners_at(v, t)
+                if (t, w) not in on_time and (t, w) not in miss
+            ]
+            if silent:
+                shown = ", ".join(f"step {t} from {w}" for t, w in silent[:5])
+                more = f" and {len(silent) - 5} more" if len(silent) > 5 else ""
+                integrity.append(
+                    {
+                        "node": v,
+                        "kind": "missing-exchange-record",
+                        "message": f"the log is finished but says neither received nor missed "
+                        f"for {len(silent)} value(s): {shown}{more}",
+                    }
+                )
         used[v] = per_step
         seen_all[v] = seen
+        missed[v] = miss
     for (t, w, v), dg in recvs.items():
         if w in logs and sends.get((t, w, v)) is None:
             integrity.append(
@@ -251,4 +394,20 @@ def scan_exchanges(logs: dict, plan, integrity: list[dict], digest) -> ExchangeS
                     "message": f"step {t}: value from {w} differs from what {w} logged sending",
                 }
             )
-    return ExchangeScan(used=used, seen=seen_all, finished=finished_nodes)
+    unacked: dict[int, list[tuple[int, int]]] = {}
+    for t, w, v in sends:
+        if v in finished_nodes and w in finished_nodes and (t, w) not in seen_all[v]:
+            unacked.setdefault(v, []).append((t, w))
+    for v, lost in sorted(unacked.items()):
+        lost.sort()
+        shown = ", ".join(f"step {t} from {w}" for t, w in lost[:5])
+        more = f" and {len(lost) - 5} more" if len(lost) > 5 else ""
+        integrity.append(
+            {
+                "node": v,
+                "kind": "unacknowledged-send",
+                "message": f"{len(lost)} value(s) logged sent to {v} by finished partners never "
+                f"arrived in {v}'s finished log: {shown}{more}",
+            }
+        )
+    return ExchangeScan(used=used, seen=seen_all, finished=finished_nodes, missed=missed)

@@ -39,6 +39,24 @@ def audit_matrix(
     return [o["observer"] for o in rep["observers"]], cells
 
 
+#: How a loss entry that is not the realised loss is marked, by its ``basis``.
+MARKS = {"plan": "*", "worst-case": "!"}
+LEGEND = {
+    "plan": "* raised to the plan's loss (a log of the run is damaged or incomplete)",
+    "worst-case": "! worst case: the observer's own log is missing or unusable",
+}
+
+
+def audit_marks(rep: dict, method: str) -> dict[tuple[int, int], str]:
+    """(observer, source) -> the mark of its ``method`` entry ('' when realised)."""
+    return {
+        (o["observer"], x["source"]): MARKS.get(x.get("basis", "realised"), "")
+        for o in rep["observers"]
+        for x in o["losses"]
+        if x["method"] == method
+    }
+
+
 def print_audit(rep: dict) -> None:
     n = rep["n"]
     print(
@@ -53,26 +71,43 @@ def print_audit(rep: dict) -> None:
             "per round; pairwise below: observer = a curious user"
         )
     observers = [o["observer"] for o in rep["observers"]]
+    used: set[str] = set()
     for method in ("exact", "paper"):
         obs, cells = audit_matrix(rep, method)
+        marks = audit_marks(rep, method)
+        used.update(m for m in marks.values() if m)
         if n <= 16:
             print(f"\n{method}: eps_(u->v), rows = observer v, columns = source u")
             rows = [
-                [str(v)] + [("." if u == v else fmt(cells[(v, u)])) for u in range(n)] for v in obs
+                [str(v)]
+                + [
+                    "." if u == v else fmt(cells.get((v, u))) + marks.get((v, u), "")
+                    for u in range(n)
+                ]
+                for v in obs
             ]
             print(table(["v\\u"] + [str(u) for u in range(n)], rows))
         else:
             print(f"\n{method}: per observer (max and mean eps over sources)")
             rows = []
             for v in obs:
-                vals = [cells[(v, u)] for u in range(n) if u != v]
-                rows.append([str(v), fmt(max(vals)), fmt(float(np.mean(vals)))])
-            print(table(["observer", "eps max", "eps mean"], rows))
+                vals = [cells[(v, u)] for u in range(n) if (v, u) in cells]
+                flagged = sum(1 for u in range(n) if marks.get((v, u)))
+                rows.append([str(v), fmt(max(vals)), fmt(float(np.mean(vals))), str(flagged)])
+            print(table(["observer", "eps max", "eps mean", "raised"], rows))
+    for basis, mark in MARKS.items():
+        if mark in used:
+            print(LEGEND[basis])
     notes = rep.get("notes", [])
-    if notes:
+    paper_below = [x for x in notes if x.get("kind") == "paper-below-exact"]
+    if paper_below:
         print(
-            f"\n{len(notes)} pair(s) where Eq. (6) is below the exact loss (the paper's bound is not an upper bound there)"
+            f"\n{len(paper_below)} pair(s) where Eq. (6) is below the exact loss (the paper's bound is not an upper bound there)"
         )
+    for x in notes:
+        if x.get("kind") == "no-floor":
+            print(f"note: {x['message']}")
+    print_faults(rep)
     if rep["integrity"]:
         print(
             f"\nintegrity findings ({len(rep['integrity'])}): the schedule of the nodes named "
@@ -80,10 +115,49 @@ def print_audit(rep: dict) -> None:
         )
         for f in rep["integrity"][:50]:
             print(f"  node {f.get('node')}: {f['kind']}: {f['message']}")
+        if len(rep["integrity"]) > 50:
+            print(f"  ... and {len(rep['integrity']) - 50} more (cfree audit --json has them all)")
+        if rep.get("conservative"):
+            print(
+                "every loss above is at least the fault-free plan's: entries the logs cannot "
+                "certify are raised to it (or to the worst case)"
+            )
     else:
         print(
             f"\nintegrity: {len(observers)} log(s) intact, every received value matches its sender's log"
         )
+
+
+def print_faults(rep: dict) -> None:
+    """The faults injected into the run (faults.json) beside those the logs show."""
+    faults = rep.get("faults")
+    realised = rep.get("realised")
+    kinds: dict[str, list] = {}
+    for f in rep["integrity"]:
+        kinds.setdefault(f["kind"], []).append(f.get("node"))
+    if faults is None and not realised and not kinds:
+        return
+    print()
+    if faults is not None:
+        declared = faults.get("declared", [])
+        injected = faults.get("injected", [])
+        print(f"faults declared: {', '.join(declared) if declared else 'none'}")
+        print(f"faults injected ({len(injected)}):")
+        for f in injected:
+            where = [f"{k} {f[k]}" for k in ("node", "step") if f.get(k) is not None] + (
+                [f"t={f['t_s']:g}s"] if isinstance(f.get("t_s"), int | float) else []
+            )
+            detail = f": {f['detail']}" if f.get("detail") else ""
+            print(f"  {f['fault']} ({', '.join(where)}){detail}")
+    seen = []
+    if realised:
+        seen.append(f"{realised.get('missed', 0)} value(s) missed")
+        seen.append(f"{realised.get('late', 0)} late")
+    for kind, nodes in kinds.items():
+        named = sorted({n for n in nodes if isinstance(n, int)})
+        at = f" (node{'s' if len(named) > 1 else ''} {', '.join(map(str, named))})" if named else ""
+        seen.append(f"{kind} x{len(nodes)}{at}")
+    print(f"faults the logs show: {'; '.join(seen) if seen else 'none'}")
 
 
 def print_secldp(rep: dict) -> None:

@@ -85,6 +85,30 @@ class Family:
     def calibrate(self, cfg, target_eps: float, *, method: str, budget: str, **opts: Any) -> dict:
         raise NotImplementedError(f"{self.name}: calibrate")
 
+    def planned_losses(
+        self, cfg, plan, observers: list[int]
+    ) -> dict[int, dict[tuple[int, str], dict]]:
+        """Observer -> {(source, method): {"factor": float | None, "rdp": float | None,
+        "eps": float}} under the fault-free plan (the numbers ``cfree plan --json`` gives),
+        for the methods ``exact`` and ``paper``. An entry may carry more keys (``distance``):
+        the audit copies them into an entry it has to create. The audit of a run with damaged
+        or missing logs never reports less than these."""
+        raise NotImplementedError(
+            f"{self.name}: planned_losses (the fault-free losses an audit of damaged logs is "
+            "floored at) is not implemented for this family"
+        )
+
+    def worst_case_losses(
+        self, cfg, plan, observers: list[int]
+    ) -> dict[int, dict[tuple[int, str], dict]]:
+        """The shape of :meth:`planned_losses`, for observers about which nothing is known
+        (their log is missing, unreadable, headerless or of another run): for each entry the
+        larger of the planned loss and the local-DP loss of the source's releases."""
+        raise NotImplementedError(
+            f"{self.name}: worst_case_losses (the loss reported for an observer whose log is "
+            "missing or unusable) is not implemented for this family"
+        )
+
     # ------------------------------------------------------------------ rendering (CLI output)
 
     def banner(self, cfg, plan) -> str:

@@ -23,6 +23,16 @@ class Gossip:
 
         return accountant.audit_run(run_dir, cfg, plan, observers)
 
+    def planned_losses(self, cfg, plan, observers):
+        from coordinator_free.families.averaging import accountant
+
+        return accountant.planned_losses(cfg, plan, observers)
+
+    def worst_case_losses(self, cfg, plan, observers):
+        from coordinator_free.families.averaging import accountant
+
+        return accountant.worst_case_losses(cfg, plan, observers)
+
     def calibrate(self, cfg, target_eps, *, method, budget, **opts):
         from coordinator_free.families.averaging import accountant
 

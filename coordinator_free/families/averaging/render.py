@@ -122,6 +122,15 @@ def print_audit_compact(audit: dict, *, extra: Callable[[dict], None] | None = N
         extra(audit)
     if audit["integrity"]:
         print(f"integrity findings: {len(audit['integrity'])} (see cfree audit)")
+    raised = {
+        basis: sum(1 for o in audit["observers"] for x in o["losses"] if x.get("basis") == basis)
+        for basis in ("plan", "worst-case")
+    }
+    if any(raised.values()):
+        print(
+            f"conservative: {raised['plan']} loss(es) raised to the plan's, "
+            f"{raised['worst-case']} worst case (an observer's log is missing or unusable)"
+        )
 
 
 # ----------------------------------------------------------------------------- calibration
