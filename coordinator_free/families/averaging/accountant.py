@@ -101,6 +101,8 @@ def plan_factors(plan, method: str, *, sources=None, observers=None) -> np.ndarr
         raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
     if isinstance(plan, rg.RandomizedPlan):
         return _randomized_plan_factors(plan, method, sources, observers)
+    if getattr(plan, "dropped", ()):
+        return _dropout_plan_factors(plan, method, sources, observers)
     if not isinstance(plan, lp.LearningPlan):
         return acct.plan_factors(
             plan.W,
@@ -136,6 +138,36 @@ def plan_factors(plan, method: str, *, sources=None, observers=None) -> np.ndarr
     if plan.time_varying:  # Eq. (13) with round r's own W_r
         return sum(one_round(plan.round_matrix(r)) for r in range(plan.rounds))
     return R * one_round(plan.W)
+
+
+def planned_schedule(plan) -> list[tuple[np.ndarray, float]]:
+    """Every step's gossip matrix under the plan's public dropout: a node that sits out keeps
+    its value, and its neighbours keep its weight (the realised row of a missed value)."""
+    steps, shared = [], {}
+    for t in range(plan.steps):
+        out = plan.dropped[t]
+        M = shared.get(out)
+        if M is None:
+            M = np.zeros((plan.n, plan.n))
+            for v in range(plan.n):
+                for w, wt in mf.realised_row(plan.row(v), v, set(plan.partners_at(v, t))).items():
+                    M[v, w] = wt
+            shared[out] = M
+        steps.append((M, plan.gamma_at(t)))
+    return steps
+
+
+def _dropout_plan_factors(plan, method: str, sources, observers) -> np.ndarray:
+    """Muffliato with public dropout: each observer's loss for the planned schedule (who sits
+    out when is known to all), as the audit computes it for a realised one."""
+    steps = planned_schedule(plan)
+    obs = range(plan.n) if observers is None else observers
+    src = slice(None) if sources is None else list(sources)
+    rows = []
+    for v in obs:
+        received = [(t, w) for t in range(plan.steps) for w in plan.partners_at(v, t)]
+        rows.append(_schedule_factors(plan, steps, v, received, method, [])[src])
+    return np.stack(rows)
 
 
 def _plan_joint(plan, v: int) -> np.ndarray:
@@ -418,8 +450,8 @@ def replay(run_dir: Path, plan: mf.MuffliatoPlan) -> Replay:
             if v in got:
                 used = {w for w in got[v].get(t, set()) if w in row}
             else:
-                used = set(row) - {v}  # no log: assume it used every neighbour
-            if used != set(row) - {v}:
+                used = set(plan.partners_at(v, t))  # no log: assume it used every partner
+            if used != set(plan.partners_at(v, t)):
                 fault_free = False
             rows.append(tuple(mf.realised_row(row, v, used).items()))
         key = tuple(rows)
