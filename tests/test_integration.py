@@ -328,7 +328,14 @@ def test_audit_survives_damaged_logs_and_says_so(ring_run, tmp_path, capsys):
     assert (3, "wrong-log") in kinds and (4, "unreadable-log") in kinds
     assert (6, "bad-checksum") in kinds or (6, "bad-record") in kinds
     assert rep["fault_free"] is False and rep["complete"] is False
-    assert {o["observer"] for o in rep["observers"]} == {0, 1, 2, 5, 6, 7}
+    # Every observer is reported; those without a usable log get the worst case, flagged.
+    assert {o["observer"] for o in rep["observers"]} == set(range(8))
+    for o in rep["observers"]:
+        bases = {x["basis"] for x in o["losses"]}
+        if o["observer"] in (3, 4):
+            assert bases == {"worst-case"}
+        else:
+            assert bases and "worst-case" not in bases
     assert cli.main(["audit", str(bad), "--strict", "--json"]) == 1
     assert cli.main(["audit", str(out), "--strict", "--json"]) == 0
     capsys.readouterr()
