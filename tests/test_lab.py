@@ -560,8 +560,13 @@ def test_lab_run_on_a_temporary_lab_with_a_cut(tmp_path, capsys):
         "--set", "graph.nodes=4", "--set", "protocol.steps=16",
         "--set", "protocol.accelerated=false", "--set", "network.deadline_s=0.3",
     )  # fmt: skip
-    summary = json.loads(capsys.readouterr().out)
-    assert rc == 0, summary["failed"]
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    # The cut kept the protocol from completing as planned: exit 1, naming node 1.
+    assert rc == 1, summary["failed"]
+    assert summary["completed_as_planned"] is False and summary["failed"] == []
+    assert summary["problems"][0]["node"] == 1, summary["problems"]
+    assert "did not complete as planned" in captured.err and "node 1" in captured.err
     assert namespaces_of(name) == [] and not netns.state_path(name).exists()
     lab = summary["lab"]
     assert lab["temporary"] is True and lab["name"] == name
