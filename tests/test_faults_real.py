@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_lab import lab_name, needs_netns
+from tests.test_lab import _netns_available, lab_name, needs_netns  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.slow
 
