@@ -402,10 +402,20 @@ def replay_rounds(run_dir: Path, plan, integrity: list[dict], notes: list[dict])
                 }
             )
     for r in range(R):
-        for v in rr.published[r]:
+        for v in sorted(rr.published[r]):
             if v not in rr.added[r]:
                 # Published, but we do not know which terms it added: give its secrets away.
                 rr.unknown[r].add(v)
+                if v in logs:
+                    integrity.append(
+                        {
+                            "node": v,
+                            "kind": "missing-record",
+                            "message": f"round {r}: node {v} sent its value but its log has no "
+                            "decor-noise record of the terms it added; counted as a colluder "
+                            "in that round",
+                        }
+                    )
         for v, peers in rr.added[r].items():
             for j in peers:
                 if v < j and j in rr.added[r] and v in rr.added[r][j]:
