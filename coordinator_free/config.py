@@ -573,4 +573,5 @@ def validate(cfg: Config) -> None:
             f"{s}: faults.inject",
             dropout_ok=fam.dropout(cfg),
             protocol=pr.name,
+            peers=fam.has_peers(cfg),
         )

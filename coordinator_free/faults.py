@@ -178,8 +178,16 @@ def plan_of(specs, where: str = "faults.inject") -> FaultPlan:
     return FaultPlan(tuple(parse(s, f"{where}[{i}]") for i, s in enumerate(specs)))
 
 
-def check(fp: FaultPlan, n: int, where: str, *, dropout_ok: bool, protocol: str) -> None:
-    """Node ids within the run; dropout only where the protocol's schedule knows it."""
+def check(
+    fp: FaultPlan, n: int, where: str, *, dropout_ok: bool, protocol: str, peers: bool = True
+) -> None:
+    """Node ids within the run; dropout only where the protocol's schedule knows it; no
+    faults at all for a protocol without peers."""
+    if fp.faults and not peers:
+        raise ConfigError(
+            f"{where}: protocol {protocol!r} runs in one process (the trusted curator): there is "
+            "no peer, link or message to inject a fault into"
+        )
     for f in fp.faults:
         if f.node is not None and not 0 <= f.node < n:
             raise ConfigError(f"{where}: {f.spec!r}: node {f.node} is not in 0..{n - 1}")

@@ -19,14 +19,43 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coordinator_free import verdict
+from coordinator_free import config, verdict
 from coordinator_free.accounting.audit import audit_run
 from coordinator_free.engine.events import SILENCE_DEADLINES
 from coordinator_free.engine.memnet import Faults, run_config
 from coordinator_free.errors import ConfigError
 from coordinator_free.families import family_of
 from tests.memrun import write_run_dir
-from tests.test_memnet import ALL, DEADLINE, cfg_of
+from tests.test_memnet import ALL as MEMNET_ALL
+from tests.test_memnet import DEADLINE, EX
+
+#: Every protocol with peers: the in-memory network's configs, plus the walks and learning
+#: variants it does not run.
+ALL = {
+    **MEMNET_ALL,
+    "ring-histogram": (EX / "ring-histogram.toml", ["graph.nodes=5", "protocol.cycles=2"]),
+    "complete-histogram": (
+        EX / "complete-histogram.toml",
+        ["graph.nodes=5", "protocol.hops=40"],
+    ),
+    "complete-sgd": (EX / "complete-sgd.toml", ["graph.nodes=5", "protocol.hops=40"]),
+    "muffliato-sgd": (
+        EX / "muffliato-gd-breast-cancer.toml",
+        [
+            "protocol.name=muffliato-sgd",
+            "protocol.batch_size=8",
+            "graph.nodes=6",
+            "protocol.rounds=3",
+            "protocol.gossip_steps=2",
+        ],
+    ),  # fmt: skip
+}
+
+
+def cfg_of(name: str, *extra: str):
+    path, sets = ALL[name]
+    return config.load(path, [*sets, f"network.deadline_s={DEADLINE}", *extra])
+
 
 TARGET = 2  # the node a node fault is aimed at
 AT = 3  # the step it fires at
@@ -69,9 +98,6 @@ def _run(name: str, kind: str, tmp_path, seed: int = 3):
 
 
 def _cfg(name: str, specs: list[str]):
-    from coordinator_free import config
-    from tests.test_memnet import EX  # noqa: F401  (the examples the matrix draws on)
-
     path, sets = ALL[name]
     return config.load(path, [*sets, f"network.deadline_s={DEADLINE}"], specs)
 
@@ -175,3 +201,15 @@ def _compare_with_plan(cfg, audit, equal: bool) -> None:
 
 
 ALL_PROTOCOL = {name: cfg_of(name).protocol.name for name in ALL}
+
+
+def test_every_protocol_with_peers_is_in_the_matrix():
+    from coordinator_free.families import catalog
+
+    with_peers = {p for p in catalog.ALL if p != "central-dp"}
+    assert set(ALL_PROTOCOL.values()) == with_peers
+
+
+def test_faults_are_refused_for_the_trusted_curator():
+    with pytest.raises(ConfigError, match="runs in one process"):
+        config.load(EX / "central-dp-breast-cancer.toml", [], ["kill:1@2"])
