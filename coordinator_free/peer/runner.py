@@ -244,7 +244,6 @@ class Injector:
                 pass
         ignore_fault_signals()
 
-
     def _signal(self, what: str) -> None:
         if what == "cut":
             self.link.block(self.neighbours)
