@@ -157,6 +157,7 @@ def test_a_deleted_log_gives_that_observer_its_worst_case(runs, name, tmp_path):
         assert {x["basis"] for x in alone["observers"][0]["losses"]} == {"worst-case"}
 
 
+@pytest.mark.slow  # exhaustive or long: in the slow suite, which CI runs
 @pytest.mark.parametrize("name", list(RUNS))
 def test_truncation_at_every_record_boundary_never_lowers_a_loss(runs, name, tmp_path):
     """The curious node that cuts its own log short (at a record boundary, so the file is

@@ -136,6 +136,7 @@ def test_a_deleted_log_is_a_finding_never_an_exception(run):
         assert {"node": v, "kind": "missing-log"}.items() <= rep["integrity"][0].items()
 
 
+@pytest.mark.slow  # exhaustive or long: in the slow suite, which CI runs
 def test_logs_cut_at_every_record_and_inside_records(run):
     rng = random.Random(7)
     for v in range(run.plan.n):
@@ -166,6 +167,7 @@ def test_flipped_bytes(run):
             run.restore()
 
 
+@pytest.mark.slow  # exhaustive or long: in the slow suite, which CI runs
 def test_records_rewritten_with_wrong_types_or_impossible_values(run):
     """A field of every record the audit reads, set to a wrong value (or removed), in a log
     whose frames and checksums are valid."""

@@ -208,6 +208,7 @@ async def test_one_sided_block_is_noticed_at_both_ends(nodes):
     assert (await next_of(b, PeerUp)).peer == 0
 
 
+@pytest.mark.slow  # exhaustive or long: in the slow suite, which CI runs
 async def test_own_stalled_event_loop_gives_no_false_verdict(nodes):
     """Both nodes share this event loop; blocking it for several silence periods stalls both.
     Each end's heartbeats sit in the other's socket meanwhile; the detector lets the readers

@@ -159,6 +159,7 @@ def test_streams_of_run_names_a_node_without_a_nonce(tmp_path):
         s.stream(seeds.PURPOSE_DATA, 2)
 
 
+@pytest.mark.slow  # exhaustive or long: in the slow suite, which CI runs
 @pytest.mark.parametrize(
     "example, sets",
     [
