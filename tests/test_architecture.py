@@ -197,3 +197,16 @@ def test_no_module_outside_families_decides_by_protocol_name():
     assert not found, "decisions by protocol name outside families/ (ask the family):\n" + (
         "\n".join(found)
     )
+
+
+def test_every_family_renders_everything_the_cli_prints():
+    """The rendering functions are named by module strings (``render_module``,
+    ``render_from``): each must resolve, for every family, to a function."""
+    functions = (
+        "print_plan", "print_audit", "print_audit_compact", "print_calibration",
+        "print_summary", "simulator_diff", "simulation", "print_simulation",
+    )  # fmt: skip
+    for name in protocol_names():
+        fam = family_of(name)
+        for function in functions:
+            assert callable(fam._render(function)), (name, function)

@@ -14,6 +14,7 @@ Adding a protocol: a new package with a subclass of :class:`Family`, registered 
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any
 
@@ -115,39 +116,53 @@ class Family:
         """One line that says what a run of this config is about to do."""
         return f"starting {plan.n} peers: {cfg.protocol.name} on {cfg.graph.kind}"
 
+    #: The module of the family's rendering functions (``print_plan``, ``print_audit``, ...,
+    #: ``simulator_diff``, ``simulation``, ``print_simulation``), imported on first use;
+    #: ``render_from`` names another module for a function the family borrows.
+    render_module: str = ""
+    render_from: dict[str, str] = {}
+
+    def _render(self, function: str):
+        module = self.render_from.get(function, self.render_module)
+        if not module:
+            raise NotImplementedError(f"{self.name}: {function}")
+        return getattr(importlib.import_module(module), function)
+
     def print_plan(self, rep: dict) -> None:
         """``cfree plan``: the plan report for people."""
-        raise NotImplementedError(f"{self.name}: print_plan")
+        self._render("print_plan")(rep)
 
     def print_audit(self, rep: dict) -> None:
         """``cfree audit``: the audit report for people."""
-        raise NotImplementedError(f"{self.name}: print_audit")
+        self._render("print_audit")(rep)
 
     def print_calibration(self, rep: dict) -> None:
         """``cfree plan --target-eps``: the calibration for people."""
-        raise NotImplementedError(f"{self.name}: print_calibration")
+        self._render("print_calibration")(rep)
 
     def print_summary(self, summary: dict, audit: dict | None) -> None:
         """``cfree run``: the run summary (and the audit's verdict) for people."""
-        raise NotImplementedError(f"{self.name}: print_summary")
+        self._render("print_summary")(summary, audit)
 
     # ------------------------------------------------------------------ rendering of runs
 
     def print_audit_compact(self, audit: dict) -> None:
         """The audit as a run summary ends with it: pairwise eps by graph distance."""
-        raise NotImplementedError(f"{self.name}: print_audit_compact")
+        self._render("print_audit_compact")(audit)
 
     def simulator_diff(self, cfg, plan, run_dir: Path, results: dict, streams) -> float | None:
         """max |networked run - simulator| given the run's node streams (None when nothing
         finished); may annotate ``results`` with the simulator's verdict."""
-        raise NotImplementedError(f"{self.name}: simulator_diff")
+        return self._render("simulator_diff")(
+            cfg, plan, run_dir, results, lambda: self.simulate(cfg, None, streams)
+        )
 
     def simulation(self, cfg, streams) -> dict:
         """``cfree simulate --json``: the reference simulator's outcome."""
-        raise NotImplementedError(f"{self.name}: simulation")
+        return self._render("simulation")(cfg, self.simulate(cfg, None, streams))
 
     def print_simulation(self, out: dict) -> None:
-        raise NotImplementedError(f"{self.name}: print_simulation")
+        self._render("print_simulation")(out)
 
     def __repr__(self) -> str:
         return f"<family {self.name}: {', '.join(self.protocols)}>"

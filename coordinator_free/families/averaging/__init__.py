@@ -11,7 +11,8 @@ class Gossip:
     """What the protocols built on gossip steps (averaging, randomized gossip, learning) share:
     plan, audit and calibration by the exact joint-view accountant and the papers' formulas
     (``families/averaging/accountant.py``), and the gossip rendering
-    (``families/averaging/render.py``), which a family overrides where it prints more."""
+    (``families/averaging/render.py``), from which a family's ``render_from`` takes the
+    functions it prints differently."""
 
     def plan_report(self, cfg, plan, *, source, method):
         from coordinator_free.families.averaging import accountant
@@ -42,47 +43,7 @@ class Gossip:
 
     # -------------------------------------------------------------- rendering (CLI output)
 
-    def print_plan(self, rep: dict) -> None:
-        from coordinator_free.families.averaging import render
-
-        render.print_plan(rep)
-
-    def print_audit(self, rep: dict) -> None:
-        from coordinator_free.families.averaging import render
-
-        render.print_audit(rep)
-
-    def print_audit_compact(self, audit: dict) -> None:
-        from coordinator_free.families.averaging import render
-
-        render.print_audit_compact(audit)
-
-    def print_calibration(self, rep: dict) -> None:
-        from coordinator_free.families.averaging import render
-
-        render.print_calibration(rep)
-
-    def print_summary(self, summary: dict, audit: dict | None) -> None:
-        from coordinator_free.families.averaging import render
-
-        render.print_summary(summary, audit)
-
-    def simulator_diff(self, cfg, plan, run_dir, results: dict, streams) -> float | None:
-        from coordinator_free.families.averaging import render
-
-        return render.simulator_diff(
-            cfg, plan, run_dir, results, lambda: self.simulate(cfg, None, streams)
-        )
-
-    def simulation(self, cfg, streams) -> dict:
-        from coordinator_free.families.averaging import render
-
-        return render.simulation(cfg, self.simulate(cfg, None, streams))
-
-    def print_simulation(self, out: dict) -> None:
-        from coordinator_free.families.averaging import render
-
-        render.print_simulation(out)
+    render_module = "coordinator_free.families.averaging.render"
 
 
 class Averaging(Gossip, Family):
@@ -116,8 +77,6 @@ class Averaging(Gossip, Family):
         from coordinator_free.families.averaging.simulate import simulate
 
         return simulate(cfg, plan, streams, **opts)
-
-    # -------------------------------------------------------------- rendering (CLI output)
 
 
 FAMILY = Averaging()

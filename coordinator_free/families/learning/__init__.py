@@ -50,32 +50,10 @@ class Learning(Gossip, Family):
 
     # -------------------------------------------------------------- rendering (CLI output)
 
-    def print_plan(self, rep: dict) -> None:
-        from coordinator_free.families.learning import render
-
-        render.print_plan(rep)
-
-    def print_summary(self, summary: dict, audit: dict | None) -> None:
-        from coordinator_free.families.learning import render
-
-        render.print_summary(summary, audit)
-
-    def simulator_diff(self, cfg, plan, run_dir, results: dict, streams) -> float | None:
-        from coordinator_free.families.learning import render
-
-        return render.simulator_diff(
-            cfg, plan, run_dir, results, lambda: self.simulate(cfg, None, streams)
-        )
-
-    def simulation(self, cfg, streams) -> dict:
-        from coordinator_free.families.learning import render
-
-        return render.simulation(cfg, self.simulate(cfg, None, streams))
-
-    def print_simulation(self, out: dict) -> None:
-        from coordinator_free.families.learning import render
-
-        render.print_simulation(out)
+    render_from = dict.fromkeys(
+        ("print_plan", "print_summary", "simulator_diff", "simulation", "print_simulation"),
+        "coordinator_free.families.learning.render",
+    )
 
 
 FAMILY = Learning()

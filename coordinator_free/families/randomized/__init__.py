@@ -40,10 +40,7 @@ class Randomized(Gossip, Family):
 
     # -------------------------------------------------------------- rendering (CLI output)
 
-    def print_plan(self, rep: dict) -> None:
-        from coordinator_free.families.randomized import render
-
-        render.print_plan(rep)
+    render_from = {"print_plan": "coordinator_free.families.randomized.render"}
 
 
 FAMILY = Randomized()
