@@ -301,7 +301,6 @@ def _run(args) -> int:
         fault_schedule,
         print_problems,
         save_summary,
-        simulator_diff,
     )
     from coordinator_free.cluster import local
     from coordinator_free.families import family_of
@@ -358,44 +357,29 @@ def _run(args) -> int:
         else:
             _restore_links(lab, schedule, already_cut)
 
-    problems, faults_doc = conclude(cfg, plan, out, run, schedule)
-    results = local.collect_results(cfg, out)
-    finished = [r for r in results["nodes"] if r["finished"]]
+    summary, finished = conclude(cfg, plan, out, run, schedule)
     roster = json.loads(rundir.roster_path(out).read_text())
-    summary = {
-        "run_dir": str(out),
-        "wall_s": run.wall_s,
-        "results": results,
-        "simulator_max_abs_diff": simulator_diff(cfg, plan, out, results),
-        "failed": [
-            {"node": o.node, "returncode": o.returncode, "error": o.error} for o in run.failed
+    summary["lab"] = {
+        "name": lab.name,
+        "temporary": temporary,
+        "subnet": lab.subnet,
+        "hosts": [
+            {
+                "node": e["id"],
+                "namespace": lab.ns(e["id"]),
+                "host": e["host"],
+                "port": e["port"],
+            }
+            for e in roster["nodes"]
+        ],  # fmt: skip
+        "links": _link_changes(schedule),
+        "not_applied": [
+            {"action": f.kind, "node": f.node, "at_step": f.step}
+            for f in schedule.triggers.never_fired()
+            if f.kind in ("cut", "heal")
         ],
-        "lab": {
-            "name": lab.name,
-            "temporary": temporary,
-            "subnet": lab.subnet,
-            "hosts": [
-                {
-                    "node": e["id"],
-                    "namespace": lab.ns(e["id"]),
-                    "host": e["host"],
-                    "port": e["port"],
-                }
-                for e in roster["nodes"]
-            ],  # fmt: skip
-            "links": _link_changes(schedule),
-            "not_applied": [
-                {"action": f.kind, "node": f.node, "at_step": f.step}
-                for f in schedule.triggers.never_fired()
-                if f.kind in ("cut", "heal")
-            ],
-            "errors": schedule.errors,
-        },
-        "completed_as_planned": not problems,
-        "problems": problems,
+        "errors": schedule.errors,
     }
-    if faults_doc is not None:
-        summary["faults"] = faults_doc
     audit = save_summary(args, out, summary, finished)
     if args.json:
         print(json.dumps(summary, indent=1))
@@ -412,8 +396,8 @@ def _run(args) -> int:
         if audit is not None and not audit["fault_free"]:
             print("  the run was not fault-free: the audit below is of the schedule that happened")
         family.print_summary(summary, audit)
-    print_problems("cfree lab run", problems, faults_doc)
-    return 1 if problems else 0
+    print_problems("cfree lab run", summary)
+    return 1 if summary["problems"] else 0
 
 
 _ACTIONS = {"up": _up, "down": _down, "status": _status, "cut": _cut, "heal": _heal, "run": _run}

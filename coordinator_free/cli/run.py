@@ -77,10 +77,13 @@ def fault_schedule(cfg, *, announce: bool, cut=None, heal=None):
     )
 
 
-def conclude(cfg, plan, out: Path, run, schedule) -> tuple[list[dict], dict | None]:
-    """After the peers: what the run's faults were (faults.json, when any were declared) and
-    whether the protocol completed as planned (the problems, by node, step and cause)."""
+def conclude(cfg, plan, out: Path, run, schedule) -> tuple[dict, list]:
+    """After the peers: the summary every launcher writes (results, the simulator comparison,
+    the failed processes, whether the protocol completed as planned and, when not, the
+    problems by node, step and cause; the run's faults, also written to faults.json when any
+    were declared), and the results of the nodes that finished."""
     from coordinator_free import verdict
+    from coordinator_free.cluster import local
 
     faults_doc = None
     if cfg.fault_plan:
@@ -101,12 +104,26 @@ def conclude(cfg, plan, out: Path, run, schedule) -> tuple[list[dict], dict | No
         for o in run.failed
     ]
     problems = verdict.problems(plan, out, failed, walks=family_of(cfg.protocol.name).walks(cfg))
-    return problems, faults_doc
+    results = local.collect_results(cfg, out)
+    summary = {
+        "run_dir": str(out),
+        "wall_s": run.wall_s,
+        "results": results,
+        "simulator_max_abs_diff": simulator_diff(cfg, plan, out, results),
+        "failed": [{k: f[k] for k in ("node", "returncode", "error")} for f in failed],
+        "completed_as_planned": not problems,
+        "problems": problems,
+    }
+    if faults_doc is not None:
+        summary["faults"] = faults_doc
+    return summary, [r for r in results["nodes"] if r["finished"]]
 
 
-def print_problems(command: str, problems: list[dict], faults_doc: dict | None) -> None:
+def print_problems(command: str, summary: dict) -> None:
+    """The faults injected and the problems of a run (stderr), after its summary."""
     from coordinator_free import verdict
 
+    problems, faults_doc = summary["problems"], summary.get("faults")
     if faults_doc is not None:
         fired = ", ".join(
             f"{f['spec']} (at step {f['step']}, {f['t_s']:.1f}s)"
@@ -147,30 +164,14 @@ def cmd_run(args) -> int:
             local.launch_peers(cfg, out, show_progress=not args.quiet, on_event=schedule)
         )
     )
-    problems, faults_doc = conclude(cfg, plan, out, run, schedule)
-    results = local.collect_results(cfg, out)
-    finished = [r for r in results["nodes"] if r["finished"]]
-    match = simulator_diff(cfg, plan, out, results)
-    summary = {
-        "run_dir": str(out),
-        "wall_s": run.wall_s,
-        "results": results,
-        "simulator_max_abs_diff": match,
-        "failed": [
-            {"node": o.node, "returncode": o.returncode, "error": o.error} for o in run.failed
-        ],
-        "completed_as_planned": not problems,
-        "problems": problems,
-    }
-    if faults_doc is not None:
-        summary["faults"] = faults_doc
+    summary, finished = conclude(cfg, plan, out, run, schedule)
     audit = save_summary(args, out, summary, finished)
     if args.json:
         print(json.dumps(summary, indent=1))
     else:
         family.print_summary(summary, audit)
-    print_problems("cfree run", problems, faults_doc)
-    return 1 if problems else 0
+    print_problems("cfree run", summary)
+    return 1 if summary["problems"] else 0
 
 
 def _run_central(args, cfg, out: Path) -> int:
