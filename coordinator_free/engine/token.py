@@ -70,6 +70,17 @@ class _Offer:
 
 
 @dataclass
+class _Custody:
+    """A hand-off this node committed and the next holder has not yet passed on (no fwd)."""
+
+    peer: int
+    step: int
+    value: np.ndarray  # kept to offer it again if the peer never took it (nack)
+    attempt: int
+    asked: float  # when custody began, or the peer was last asked about it
+
+
+@dataclass
 class _Incoming:
     frm: int
     value: np.ndarray
@@ -103,9 +114,7 @@ class TokenEngine:
         self.ended: dict[int, dict] = {}
         self.finals: dict[int, list[float]] = {}
         self.offers: dict[int, _Offer] = {}
-        self.custody: dict[int, tuple[int, int]] = {}  # token -> (peer, step)
-        self.custody_value: dict[int, tuple[np.ndarray, int]] = {}  # token -> (value, attempt)
-        self.custody_asked: dict[int, float] = {}  # token -> when custody began or was queried
+        self.custody: dict[int, _Custody] = {}  # token -> the hand-off not yet passed on
         self.accepted: dict[int, int] = {}  # token -> the last step this node took it at
         self.forwarded: dict[int, int] = {}  # token -> the step of its last hand-off onwards
         self.incoming: dict[tuple[int, int], _Incoming] = {}  # (token, step)
@@ -173,7 +182,7 @@ class TokenEngine:
             return self._bye[1]
         wake = [o.deadline for o in self.offers.values()]
         wake += [i.deadline for i in self.incoming.values()]
-        wake += [t + 2 * self.deadline for t in self.custody_asked.values()]
+        wake += [c.asked + 2 * self.deadline for c in self.custody.values()]
         alone = self._alone_since()
         if alone is not None:
             wake.append(alone + DOWN_GRACE_DEADLINES * self.deadline)
@@ -287,10 +296,10 @@ class TokenEngine:
 
     def _on_peer_down(self, peer: int, reason: str) -> None:
         self._peer_down(peer, reason)
-        for token, (to, step) in list(self.custody.items()):
-            if to == peer and token not in self.ended:
-                self.out.log("token-lost", token=token, step=step, peer=peer)
-                self._end(token, "lost", peer, step)
+        for token, c in list(self.custody.items()):
+            if c.peer == peer and token not in self.ended:
+                self.out.log("token-lost", token=token, step=c.step, peer=peer)
+                self._end(token, "lost", peer, c.step)
         for token, o in list(self.offers.items()):
             if o.to == peer and self.offers.get(token) is o:
                 self._reroute(token, "peer-down")
@@ -349,9 +358,7 @@ class TokenEngine:
                 self._send(peer, Message(kind="token_abort", round=token, step=step))
                 return
             del self.offers[token]
-            self.custody[token] = (peer, step)
-            self.custody_value[token] = (o.value, o.attempt)
-            self.custody_asked[token] = self._now
+            self.custody[token] = _Custody(peer, step, o.value, o.attempt, self._now)
             self._send(peer, Message(kind="token_commit", round=token, step=step))
             self.out.log("token-send", token=token, step=step, peer=peer, digest=wk.digest(o.value))
             self.forwarded[token] = step
@@ -377,17 +384,14 @@ class TokenEngine:
                 self._send(peer, Message(kind="token_fwd", round=token, step=step))
         elif m.kind == "token_nack":
             c = self.custody.get(token)
-            if c is not None and c == (peer, step) and token not in self.ended:
+            if c is not None and (c.peer, c.step) == (peer, step) and token not in self.ended:
                 del self.custody[token]
-                self.custody_asked.pop(token, None)
-                value, attempt = self.custody_value.pop(token)
                 self.out.log("token-nack", token=token, step=step, peer=peer)
-                self._offer(token, step, value, peer, attempt + 1, set())
+                self._offer(token, step, c.value, peer, c.attempt + 1, set())
         elif m.kind == "token_fwd":
             c = self.custody.get(token)
-            if c is not None and c[0] == peer:
+            if c is not None and c.peer == peer:
                 del self.custody[token]
-                self.custody_asked.pop(token, None)
         elif m.kind == "walk_end":
             how = m.meta.get("how") if isinstance(m.meta, dict) else None
             at = m.meta.get("at") if isinstance(m.meta, dict) else None
@@ -419,13 +423,10 @@ class TokenEngine:
                 self._end(token, how, at, step)
 
     def _expire(self, now: float) -> None:
-        for token, asked in list(self.custody_asked.items()):
-            c = self.custody.get(token)
-            if c is None or token in self.ended:
-                del self.custody_asked[token]
-            elif now >= asked + 2 * self.deadline:
-                self.custody_asked[token] = now
-                self._send(c[0], Message(kind="token_query", round=token, step=c[1]))
+        for token, c in list(self.custody.items()):
+            if now >= c.asked + 2 * self.deadline:
+                c.asked = now
+                self._send(c.peer, Message(kind="token_query", round=token, step=c.step))
         for token, o in list(self.offers.items()):
             if o.deadline <= now and self.offers.get(token) is o:
                 self._reroute(token, "deadline")
