@@ -40,6 +40,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from coordinator_free.errors import ConfigError
 
 #: Faults aimed at one node at a step.
@@ -197,6 +199,17 @@ def check(
             "schedule (the Muffliato paper's user dropout belongs to synchronous gossip "
             "averaging: protocol muffliato); inject kill, stop, cut or drop faults instead"
         )
+
+
+def nan_message(message, steps):
+    """The message a ``nan`` fault sends instead of ``message`` (its values, or the token,
+    replaced by NaN) when it is a value or token of one of ``steps``; None otherwise."""
+    from coordinator_free.net.wire import Message
+
+    m = message
+    if m.step not in steps or m.kind not in ("value", "token") or m.payload is None:
+        return None
+    return Message(m.kind, m.round, m.step, np.full_like(m.payload, np.nan), m.meta)
 
 
 @dataclass

@@ -56,7 +56,8 @@ from coordinator_free.engine.events import (
     Progress,
     Send,
 )
-from coordinator_free.net.wire import Message, decode_message, encode_message
+from coordinator_free.faults import Fault, FaultPlan, StepTriggers, nan_message
+from coordinator_free.net.wire import decode_message, encode_message
 
 
 @dataclass
@@ -157,13 +158,12 @@ class MemNet:
         self.freeze = dict(self.f.freeze)
         self.injected: list[dict] = []
         self._declared_cut: set[tuple[int, int]] = set()
-        self.triggers = None
-        if self.f.declared is not None:
-            from coordinator_free.faults import StepTriggers
-
-            self.triggers = StepTriggers.of(
-                self.f.declared, ("kill", "stop", "cut", "heal"), self.f.global_steps
-            )
+        # Node faults fired by progress reports: the declared ones, and crash_at_step (a kill).
+        kills = [Fault("kill", v, k) for v, k in sorted(self.f.crash_at_step.items())]
+        declared = self.f.declared.faults if self.f.declared is not None else ()
+        self.triggers = StepTriggers.of(
+            FaultPlan((*declared, *kills)), ("kill", "stop", "cut", "heal"), self.f.global_steps
+        )
 
     # ------------------------------------------------------------------ scheduling
 
@@ -342,12 +342,8 @@ class MemNet:
                 self.logs[v].append((a.kind, a.fields))
             elif isinstance(a, Progress):
                 self.progress[v].append(a.fields)
-                k = self.f.crash_at_step.get(v)
-                if k is not None and a.fields.get("event") == "step" and a.fields["step"] >= k:
-                    self._push(self.now, "crash", v)
-                if self.triggers is not None:
-                    for fault in self.triggers.fire(v, a.fields):
-                        self._declared(fault, v, a.fields)
+                for fault in self.triggers.fire(v, a.fields):
+                    self._declared(fault, v, a.fields)
             elif isinstance(a, Finish):
                 self._finish(v, a)
 
@@ -394,12 +390,9 @@ class MemNet:
             )
             return
         m = a.message
-        if (
-            m.step in self.f.nan.get(v, ())
-            and m.kind in ("value", "token")
-            and m.payload is not None
-        ):
-            m = Message(m.kind, m.round, m.step, np.full_like(m.payload, np.nan), m.meta)
+        bad = nan_message(m, self.f.nan.get(v, ()))
+        if bad is not None:
+            m = bad
             self.injected.append({"fault": "nan", "node": v, "step": m.step, "peer": dst,
                                   "t_s": self.now})  # fmt: skip
         frame = encode_message(m)

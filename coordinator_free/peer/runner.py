@@ -27,8 +27,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from coordinator_free import roster as roster_mod
 from coordinator_free import rundir, seeds
 from coordinator_free.config import Config
@@ -42,8 +40,8 @@ from coordinator_free.engine.events import (
 )
 from coordinator_free.engine.events import Progress as ProgressAction
 from coordinator_free.families import family_of
+from coordinator_free.faults import nan_message
 from coordinator_free.net.transport import PeerNet
-from coordinator_free.net.wire import Message
 from coordinator_free.viewlog import ViewLogWriter
 
 log = logging.getLogger("coordinator_free.peer")
@@ -253,12 +251,11 @@ class Injector:
         self.vlog.write("fault", fault=what, peers=self.neighbours)
 
     def outgoing(self, send: Send) -> Send:
-        m = send.message
-        if m.step not in self.nan_steps or m.kind not in ("value", "token") or m.payload is None:
+        bad = nan_message(send.message, self.nan_steps)
+        if bad is None:
             return send
-        bad = Message(m.kind, m.round, m.step, np.full_like(m.payload, np.nan), m.meta)
-        self.nan_sent.append({"step": m.step, "peer": send.peer})
-        self.vlog.write("fault", fault="nan", step=m.step, peer=send.peer)
+        self.nan_sent.append({"step": bad.step, "peer": send.peer})
+        self.vlog.write("fault", fault="nan", step=bad.step, peer=send.peer)
         return Send(send.peer, bad, send.on_sent)
 
     def summary(self) -> dict:
