@@ -18,7 +18,8 @@ from pathlib import Path
 from coordinator_free import rundir
 
 
-def _result(out_dir: Path, v: int) -> dict | None:
+def read_result(out_dir: Path, v: int) -> dict | None:
+    """Node v's result file, or None when it is missing or unreadable."""
     try:
         res = json.loads(rundir.result_path(out_dir, v).read_text())
     except (OSError, ValueError):
@@ -26,10 +27,15 @@ def _result(out_dir: Path, v: int) -> dict | None:
     return res if isinstance(res, dict) else None
 
 
-def problems(plan, out_dir: Path, failed: list[dict], *, walks: bool) -> list[dict]:
+def read_results(out_dir: Path, n: int) -> dict[int, dict | None]:
+    """Every node's result file (None for a node without one)."""
+    return {v: read_result(out_dir, v) for v in range(n)}
+
+
+def problems(plan, results: dict, failed: list[dict], *, walks: bool) -> list[dict]:
     """``[{"node", "step", "cause"}, ...]``, empty when the run completed as planned.
-    ``failed``: ``{"node", "returncode", "error", "step"}`` of the peer processes that exited
-    non-zero (the launcher knows them)."""
+    ``results``: :func:`read_results`; ``failed``: ``{"node", "returncode", "error", "step"}``
+    of the peer processes that exited non-zero (the launcher knows them)."""
     out: list[dict] = []
     failed_nodes = set()
     for f in failed:
@@ -41,7 +47,6 @@ def problems(plan, out_dir: Path, failed: list[dict], *, walks: bool) -> list[di
                 "cause": f"process failed (exit {f.get('returncode')}): {f['error']}",
             }
         )
-    results = {v: _result(out_dir, v) for v in range(plan.n)}
     for v, res in results.items():
         if res is None and v not in failed_nodes:
             out.append({"node": v, "step": None, "cause": "finished without a result file"})

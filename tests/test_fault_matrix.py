@@ -149,7 +149,9 @@ def test_fault_matrix_cell(name, kind, tmp_path):
         for v, how in run.outcome.items()
         if how == "never-started"
     ]
-    problems = verdict.problems(plan, out, failed, walks=fam.walks(cfg))
+    problems = verdict.problems(
+        plan, verdict.read_results(out, plan.n), failed, walks=fam.walks(cfg)
+    )
     fired = kind == "never-starts" or any(i.get("node") == TARGET for i in run.injected)
     if kind in NAMED and fired and _affects(fam, cfg, kind) and (kind != "cut-heal" or problems):
         # (a cut healed before the node had an exchange due may leave no trace at all)

@@ -85,15 +85,12 @@ def conclude(cfg, plan, out: Path, run, schedule) -> tuple[dict, list]:
     from coordinator_free import verdict
     from coordinator_free.cluster import local
 
+    results = verdict.read_results(out, plan.n)
     faults_doc = None
     if cfg.fault_plan:
         peers = {}
-        for v in range(plan.n):
-            try:
-                res = json.loads(rundir.result_path(out, v).read_text())
-            except (OSError, ValueError):
-                continue
-            inj = res.get("injected") if isinstance(res, dict) else None
+        for v, res in results.items():
+            inj = res.get("injected") if res is not None else None
             if isinstance(inj, dict) and (
                 any((inj.get("link") or {}).values()) or inj.get("nan") or inj.get("signals")
             ):
@@ -103,20 +100,21 @@ def conclude(cfg, plan, out: Path, run, schedule) -> tuple[dict, list]:
         {"node": o.node, "returncode": o.returncode, "error": o.error, "step": o.steps_done}
         for o in run.failed
     ]
-    problems = verdict.problems(plan, out, failed, walks=family_of(cfg.protocol.name).walks(cfg))
-    results = local.collect_results(cfg, out)
+    walks = family_of(cfg.protocol.name).walks(cfg)
+    problems = verdict.problems(plan, results, failed, walks=walks)
+    collected = local.collect_results(cfg, out)
     summary = {
         "run_dir": str(out),
         "wall_s": run.wall_s,
-        "results": results,
-        "simulator_max_abs_diff": simulator_diff(cfg, plan, out, results),
+        "results": collected,
+        "simulator_max_abs_diff": simulator_diff(cfg, plan, out, collected),
         "failed": [{k: f[k] for k in ("node", "returncode", "error")} for f in failed],
         "completed_as_planned": not problems,
         "problems": problems,
     }
     if faults_doc is not None:
         summary["faults"] = faults_doc
-    return summary, [r for r in results["nodes"] if r["finished"]]
+    return summary, [r for r in collected["nodes"] if r["finished"]]
 
 
 def print_problems(command: str, summary: dict) -> None:

@@ -40,6 +40,7 @@ from coordinator_free.errors import CfreeError
 from coordinator_free.families import family_of, make_plan
 from coordinator_free.families.averaging import protocol as mf
 from coordinator_free.families.learning.protocol import models_path
+from coordinator_free.verdict import read_result
 
 
 class LaunchError(CfreeError, RuntimeError):
@@ -376,13 +377,6 @@ def _stderr_tail(path: Path, lines: int = 5) -> str:
     return " | ".join(text[-lines:]) if text else "(exited without diagnostics)"
 
 
-def _node_result(out_dir: Path, v: int) -> dict | None:
-    try:
-        return json.loads((rundir.result_path(out_dir, v)).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _traffic(res: dict) -> dict:
     return {
         "bytes_sent": res["bytes_sent"],
@@ -404,7 +398,7 @@ def collect_learning_results(cfg: Config, out_dir: Path) -> dict:
     ds, model = task.dataset, task.model
     nodes, histories = [], {}
     for v in range(plan.n):
-        res = _node_result(out_dir, v)
+        res = read_result(out_dir, v)
         path = models_path(out_dir, v)
         try:
             hist = np.load(path, allow_pickle=False) if res is not None else None
@@ -445,7 +439,7 @@ def collect_walk_results(cfg: Config, out_dir: Path) -> dict:
     plan = make_plan(cfg)
     nodes, ends, finals = [], {}, {}
     for v in range(plan.n):
-        res = _node_result(out_dir, v)
+        res = read_result(out_dir, v)
         if res is None or not isinstance(res.get("walks"), dict):
             nodes.append({"node": v, "finished": False})
             continue
@@ -482,7 +476,7 @@ def collect_results(cfg: Config, out_dir: Path) -> dict:
     true_mean = inputs.mean(axis=0)
     nodes = []
     for v in range(plan.n):
-        res = _node_result(out_dir, v)
+        res = read_result(out_dir, v)
         if res is None:
             nodes.append({"node": v, "finished": False})
             continue
