@@ -38,6 +38,7 @@ import pytest
 from netrun import cfree_run_json
 
 from coordinator_free import cli
+from coordinator_free.accounting import audit as audit_mod
 from coordinator_free.viewlog import read_viewlog
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -247,14 +248,18 @@ def test_cli_json_matches_golden(case: CliCase) -> None:
     assert_matches(cli_json(case.argv), golden["output"], case.name)
 
 
-def test_builtin_default_config_is_muffliato_ring() -> None:
+def test_builtin_default_config_is_muffliato_hypercube() -> None:
     """``cfree plan`` / ``cfree simulate`` without a config use the packaged copy of
-    examples/muffliato-ring.toml."""
+    examples/muffliato-hypercube.toml."""
     assert_matches(
-        cli_json(["plan", "--json"]), load_golden("plan/muffliato-ring.exact")["output"], "plan"
+        cli_json(["plan", "--json"]),
+        load_golden("plan/muffliato-hypercube.exact")["output"],
+        "plan",
     )
     assert_matches(
-        cli_json(["simulate", "--json"]), load_golden("simulate/muffliato-ring")["output"], "sim"
+        cli_json(["simulate", "--json"]),
+        load_golden("simulate/muffliato-hypercube")["output"],
+        "sim",
     )
 
 
@@ -435,6 +440,8 @@ def test_run_outputs_are_the_files_they_describe(run: RunOutput) -> None:
     saved = json.loads((run.out / "summary.json").read_text())
     assert_matches(run.summary, saved, f"runs/{run.case.name}: cfree run --json")
     saved = json.loads((run.out / "audit.json").read_text())
+    # audit.json also records the logs it was computed from (cfree report checks them).
+    assert saved.pop(audit_mod.LOGS_KEY) == audit_mod.logs_fingerprint(run.out)
     assert_matches(run.audit, saved, f"runs/{run.case.name}: cfree audit --json")
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "BUDGETS",
     "METHODS",
     "Units",
+    "argmax_tied",
     "budget_factor",
     "read_logs",
     "smallest_sigma",
@@ -143,13 +144,28 @@ def write_json(path: Path, obj: dict) -> None:
     rundir.write_json(path, obj)
 
 
+#: Values within this relative distance of the maximum are tied (see ``argmax_tied``).
+TIE_RTOL = 1e-9
+
+
+def argmax_tied(a) -> tuple[int, ...]:
+    """The index of the maximum of ``a``, the first in row-major order among values within a
+    relative ``TIE_RTOL`` of it. Symmetric graphs give many equal losses that differ only in
+    their last bits, and those bits differ between CPUs and BLAS builds: the plain argmax
+    would name a different "worst pair" on each machine."""
+    a = np.asarray(a, dtype=float)
+    m = float(np.max(a))
+    i = int(np.flatnonzero(a >= m - TIE_RTOL * abs(m))[0]) if np.isfinite(m) else int(np.argmax(a))
+    return tuple(int(x) for x in np.unravel_index(i, a.shape))
+
+
 def budget_factor(F: np.ndarray, budget: str) -> tuple[float, int, int]:
     """The factor that sets the budget: the worst pair (and which), or the mean over pairs."""
     n = F.shape[0]
     off = ~np.eye(n, dtype=bool)
     if budget == "worst":
         masked = np.where(off, F, -np.inf)
-        v, u = np.unravel_index(int(np.argmax(masked)), F.shape)
+        v, u = argmax_tied(masked)
         return float(F[v, u]), int(u), int(v)
     return float(F[off].mean()), -1, -1
 

@@ -4,7 +4,11 @@ auditor role (which prints an audit inside its container)."""
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
+
+from coordinator_free.accounting import baseline
 
 
 def fmt(x: float | None) -> str:
@@ -15,6 +19,27 @@ def fmt(x: float | None) -> str:
     if abs(x) >= 1e4 or abs(x) < 1e-3:
         return f"{x:.2e}"
     return f"{x:.4f}"
+
+
+def capped(entry: dict, key: str) -> str:
+    """``entry[key]`` as printed: the usable value beside it (``<key>_usable``, the minimum with
+    local DP, see ``accounting.baseline``) when there is one, marked ``^`` where the formula's
+    own value is above local DP."""
+    raw, use = entry.get(key), entry.get(f"{key}_usable")
+    if use is None or raw is None:
+        return fmt(raw)
+    return fmt(use) + (baseline.MARK if raw > use * (1.0 + baseline.REL_TOL) else "")
+
+
+def print_baseline(rep: dict, *, width: int = 100) -> None:
+    """The sentences that say what a report's losses mean against local DP (its ``baseline``
+    block): how many pairs are amplified, which are fully exposed and why, where a paper
+    formula was capped."""
+    lines = baseline.explain(rep.get("baseline"))
+    if lines:
+        print()
+    for line in lines:
+        print(textwrap.fill(line, width=width, subsequent_indent="  "))
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
@@ -34,7 +59,7 @@ def audit_matrix(
     cells = {}
     for o in rep["observers"]:
         for x in o["losses"]:
-            if x["method"] == method:
+            if x["method"] == method and key in x:
                 cells[(o["observer"], x["source"])] = x[key]
     return [o["observer"] for o in rep["observers"]], cells
 
@@ -76,6 +101,13 @@ def print_audit(rep: dict) -> None:
         obs, cells = audit_matrix(rep, method)
         marks = audit_marks(rep, method)
         used.update(m for m in marks.values() if m)
+        # A paper entry above local DP is shown as local DP, the usable bound, marked ^.
+        _, usable = audit_matrix(rep, method, "eps_usable")
+        for pair, use in usable.items():
+            if cells[pair] > use * (1.0 + baseline.REL_TOL):
+                marks[pair] = marks.get(pair, "") + baseline.MARK
+                used.add(baseline.MARK)
+        cells.update(usable)
         if n <= 16:
             print(f"\n{method}: eps_(u->v), rows = observer v, columns = source u")
             rows = [
@@ -92,12 +124,17 @@ def print_audit(rep: dict) -> None:
             rows = []
             for v in obs:
                 vals = [cells[(v, u)] for u in range(n) if (v, u) in cells]
-                flagged = sum(1 for u in range(n) if marks.get((v, u)))
+                flagged = sum(
+                    1 for u in range(n) if marks.get((v, u), "").replace(baseline.MARK, "")
+                )
                 rows.append([str(v), fmt(max(vals)), fmt(float(np.mean(vals))), str(flagged)])
             print(table(["observer", "eps max", "eps mean", "raised"], rows))
     for basis, mark in MARKS.items():
         if mark in used:
             print(LEGEND[basis])
+    if baseline.MARK in used:
+        print(baseline.LEGEND)
+    print_baseline(rep)
     notes = rep.get("notes", [])
     paper_below = [x for x in notes if x.get("kind") == "paper-below-exact"]
     if paper_below:

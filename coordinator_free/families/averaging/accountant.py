@@ -17,10 +17,12 @@ import networkx as nx
 import numpy as np
 
 from coordinator_free import graphs
+from coordinator_free.accounting import baseline
 from coordinator_free.accounting.core import (
     METHODS,
     AuditError,
     Units,
+    argmax_tied,
     budget_factor,
     read_logs,
     scan_exchanges,
@@ -327,7 +329,10 @@ def summarise(plan: mf.MuffliatoPlan, F: np.ndarray, u: Units) -> dict:
     n = plan.n
     dist = graphs.all_distances(plan.graph)  # dist[v, u]
     rows = []
+    lf = ldp_factor(plan)
+    off_diag = ~np.eye(n, dtype=bool)
     for d, s in acct.distance_summary(F, dist).items():
+        at = off_diag & (dist == d)
         rows.append(
             {
                 "distance": d,
@@ -337,10 +342,13 @@ def summarise(plan: mf.MuffliatoPlan, F: np.ndarray, u: Units) -> dict:
                 "rdp_mean": u.loss(s["mean"])["rdp"],
                 "rdp_max": u.loss(s["max"])["rdp"],
                 "eps_max": u.loss(s["max"])["eps"],
+                # pairs below the local-DP loss, and above it (a paper formula can be)
+                "amplified": int(np.count_nonzero(F[at] < lf * (1.0 - baseline.REL_TOL))),
+                "above_ldp": int(np.count_nonzero(F[at] > lf * (1.0 + baseline.REL_TOL))),
             }
         )
     off = np.where(np.eye(n, dtype=bool), -np.inf, F)
-    v_w, u_w = np.unravel_index(int(np.argmax(off)), off.shape)
+    v_w, u_w = argmax_tied(off)
     worst = float(F[v_w, u_w])
     per_observer_mean = np.where(np.eye(n, dtype=bool), 0.0, F).sum(axis=1) / (n - 1)
     mean_all = float(per_observer_mean.mean())
@@ -349,7 +357,7 @@ def summarise(plan: mf.MuffliatoPlan, F: np.ndarray, u: Units) -> dict:
         "worst_pair": {"source": int(u_w), "observer": int(v_w), "factor": worst, **u.loss(worst)},
         "mean_over_pairs": {"factor": mean_all, **u.loss(mean_all)},
         "max_observer_mean": {
-            "observer": int(np.argmax(per_observer_mean)),
+            "observer": argmax_tied(per_observer_mean)[0],
             "factor": float(per_observer_mean.max()),
             **u.loss(float(per_observer_mean.max())),
         },
@@ -691,7 +699,9 @@ def calibrate(cfg, target_eps: float, *, method: str, budget: str, make_plan) ->
         plan = make_plan(c)
         key = (plan.steps, getattr(plan, "gossip_steps", None))
         if key not in cache:
-            cache[key] = plan_factors(plan, method)
+            F = plan_factors(plan, method)
+            # A paper formula above local DP is not a usable bound there: local DP is.
+            cache[key] = np.minimum(F, ldp_factor(plan)) if method == "paper" else F
         f, u, v = budget_factor(cache[key], budget)
         return units_of(plan).loss(f)["eps"], plan, f, u, v
 

@@ -32,7 +32,13 @@ import networkx as nx
 import numpy as np
 
 from coordinator_free import graphs
-from coordinator_free.accounting.core import AuditError, read_logs, scan_exchanges, units_of
+from coordinator_free.accounting.core import (
+    AuditError,
+    argmax_tied,
+    read_logs,
+    scan_exchanges,
+    units_of,
+)
 from coordinator_free.families.averaging.accountant import ldp_baseline, summarise
 from coordinator_free.privacy import decor as dacct
 from coordinator_free.privacy import rdp
@@ -57,7 +63,7 @@ def accounting_note(plan) -> str:
 
 def secldp_block(plan, rho_exact: np.ndarray, rho_paper: float, a_q: float) -> dict:
     """The guarantee at collusion level q: the worst user, with the three conversions."""
-    worst = int(np.argmax(rho_exact))
+    (worst,) = argmax_tied(rho_exact)
     return {
         "collusion": plan.collusion,
         "adversary": "external eavesdropper"

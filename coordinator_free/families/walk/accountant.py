@@ -33,7 +33,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from coordinator_free import graphs, seeds
-from coordinator_free.accounting.core import AuditError, Units, read_logs, smallest_sigma
+from coordinator_free.accounting import baseline
+from coordinator_free.accounting.core import (
+    AuditError,
+    Units,
+    argmax_tied,
+    read_logs,
+    smallest_sigma,
+)
 from coordinator_free.families.walk import protocol as wk
 from coordinator_free.privacy import walk as acct
 
@@ -343,7 +350,7 @@ def plan_report(cfg: Config, plan: wk.WalkPlan, *, source: int | None, method: s
 
 def _eps_stats(plan: wk.WalkPlan, E: np.ndarray) -> dict:
     off = ~np.eye(plan.n, dtype=bool)
-    v, u = np.unravel_index(int(np.argmax(np.where(off, E, -np.inf))), E.shape)
+    v, u = argmax_tied(np.where(off, E, -np.inf))
     return {
         "worst_pair": {"source": int(u), "observer": int(v), "eps": float(E[v, u])},
         "mean_over_pairs": {"eps": float(E[off].mean())},
@@ -354,6 +361,7 @@ def summarise(plan: wk.WalkPlan, cells: dict, dist: np.ndarray) -> dict:
     """By distance (mean/max of factor, rdp, eps where defined), the worst pair, the mean."""
     n = plan.n
     rows = []
+    ldp_eps = ldp_baseline(plan)["eps"]
     for d in sorted({int(dist[v, u]) for v in range(n) for u in range(n) if u != v}):
         xs = [cells[(v, u)] for v in range(n) for u in range(n) if u != v and dist[v, u] == d]
 
@@ -371,10 +379,16 @@ def summarise(plan: wk.WalkPlan, cells: dict, dist: np.ndarray) -> dict:
                 "rdp_max": stat("rdp", np.max),
                 "eps_mean": stat("eps", np.mean),
                 "eps_max": stat("eps", np.max),
+                # pairs below the local-DP loss, and above it (a paper theorem can be)
+                "amplified": sum(1 for x in xs if baseline.below(x["eps"], ldp_eps)),
+                "above_ldp": sum(1 for x in xs if x["eps"] > ldp_eps * (1.0 + baseline.REL_TOL)),
             }
         )
     pairs = [(v, u) for v in range(n) for u in range(n) if u != v]
-    v_w, u_w = max(pairs, key=lambda p: cells[p]["eps"])
+    E = np.full((n, n), -np.inf)
+    for v, u in pairs:
+        E[v, u] = cells[(v, u)]["eps"]
+    v_w, u_w = argmax_tied(E)
     mean_eps = float(np.mean([cells[p]["eps"] for p in pairs]))
     facs = [cells[p]["factor"] for p in pairs]
     mean = {"eps": mean_eps}
@@ -924,8 +938,9 @@ def calibrate(cfg: Config, target_eps: float, *, method: str, budget: str) -> di
         p = dataclasses.replace(plan, sigma=sigma)
         u = units_of(p)
         # eps grows with the factor, so the worst pair is the largest factor.
-        M = F if F is not None else paper_eps(p)[0]
-        v, s = np.unravel_index(int(np.argmax(np.where(off, M, -np.inf))), M.shape)
+        # A paper theorem above local DP is not a usable bound there: local DP is.
+        M = F if F is not None else np.minimum(paper_eps(p)[0], ldp_baseline(p)["eps"])
+        v, s = argmax_tied(np.where(off, M, -np.inf))
         if F is not None:
             worst, mean = u.gaussian(F[v, s]), u.gaussian(float(F[off].mean()))
         else:
