@@ -32,7 +32,12 @@ from coordinator_free.ml.datasets import (
     DATASET_KINDS,  # numpy only; scikit-learn is imported on use
 )
 
+#: What ``config.load(None)`` gives, and the default of the commands that start one host,
+#: container or namespace per peer (``cfree lab run``, ``cfree compose``): 8 peers on a ring.
 DEFAULT_CONFIG = Path(__file__).parent / "examples" / "muffliato-ring.toml"
+#: What ``cfree run``, ``cfree plan`` and ``cfree simulate`` run without a config: private
+#: averaging on a 64-node hypercube, where most pairs are amplified below local DP.
+RUN_DEFAULT_CONFIG = Path(__file__).parent / "examples" / "muffliato-hypercube.toml"
 DATA_KINDS = VALUE_KINDS + CATEGORY_KINDS + DATASET_KINDS
 #: Graph kinds that graph.resample can draw afresh every round.
 RESAMPLE_KINDS = ("erdos_renyi", "geometric")
@@ -374,11 +379,13 @@ def load(
     path: str | Path | None,
     overrides: list[str] | tuple[str, ...] = (),
     faults: list[str] | tuple[str, ...] = (),
+    *,
+    default: Path = DEFAULT_CONFIG,
 ) -> Config:
-    """Load a TOML config (None: the built-in default), apply ``--set`` overrides and append
-    ``--fault`` specs to ``faults.inject``."""
+    """Load a TOML config (None: the built-in ``default``), apply ``--set`` overrides and
+    append ``--fault`` specs to ``faults.inject``."""
     if path is None:
-        path = DEFAULT_CONFIG
+        path = default
         source = "<built-in default>"
     else:
         source = str(path)

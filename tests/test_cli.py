@@ -2,10 +2,16 @@
 
 import json
 import stat
+import subprocess
+import sys
 
 import pytest
 
 from coordinator_free import cli, roster
+from coordinator_free.config import DEFAULT_CONFIG
+
+#: The 8-node ring (cfree run, plan and simulate default to the 64-node hypercube).
+RING = str(DEFAULT_CONFIG)
 
 
 def run_cli(capsys, *argv):
@@ -24,7 +30,7 @@ def test_help_lists_every_command(capsys):
 
 
 def test_plan_json_shape_for_one_source(capsys):
-    code, out, _ = run_cli(capsys, "plan", "--source", "0", "--method", "exact", "--json")
+    code, out, _ = run_cli(capsys, "plan", RING, "--source", "0", "--method", "exact", "--json")
     assert code == 0
     rep = json.loads(out)
     assert rep["alpha"] == 2.0 and rep["method"] == "exact" and rep["source"] == 0
@@ -61,7 +67,7 @@ def test_plan_paper_method_and_summary(capsys):
 
 def test_plan_rejects_bad_source(capsys):
     code, _, err = run_cli(capsys, "plan", "--source", "99")
-    assert code == 2 and "--source 99 is not a node id (0..7)" in err
+    assert code == 2 and "--source 99 is not a node id (0..63)" in err
 
 
 def test_config_errors_exit_2_with_the_key(capsys):
@@ -72,7 +78,7 @@ def test_config_errors_exit_2_with_the_key(capsys):
 
 
 def test_simulate_json(capsys):
-    code, out, _ = run_cli(capsys, "simulate", "--json", "--set", "protocol.steps=30")
+    code, out, _ = run_cli(capsys, "simulate", RING, "--json", "--set", "protocol.steps=30")
     assert code == 0
     rep = json.loads(out)
     assert rep["n"] == 8 and len(rep["finals"]) == 8
@@ -112,3 +118,19 @@ def test_keygen_rejects_bad_hosts(capsys, tmp_path):
 def test_audit_of_a_non_run_directory(capsys, tmp_path):
     code, _, err = run_cli(capsys, "audit", str(tmp_path))
     assert code == 2 and "not a run directory" in err
+
+
+def test_a_closed_stdout_ends_quietly():
+    """`cfree plan --json | head -c 100`: the reader goes away mid-output (about 140 kB, more
+    than a pipe holds); the command stops with the SIGPIPE status and no traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coordinator_free", "plan", "--json", "--source", "0"]
+        + ["--set", "graph.kind=hypercube", "--set", "graph.dim=10"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout.read(100).startswith(b"{")
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == cli.EXIT_BROKEN_PIPE
+    assert "Traceback" not in err and "BrokenPipe" not in err, err

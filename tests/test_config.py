@@ -7,13 +7,17 @@ from coordinator_free import config
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_builtin_default_is_the_ring_example():
-    packaged = (ROOT / "coordinator_free" / "examples" / "muffliato-ring.toml").read_text()
-    shipped = (ROOT / "examples" / "muffliato-ring.toml").read_text()
-    assert packaged == shipped
-    cfg = config.load(None)
+def test_builtin_defaults_are_the_shipped_examples():
+    for name in ("muffliato-hypercube", "muffliato-ring"):
+        packaged = (ROOT / "coordinator_free" / "examples" / f"{name}.toml").read_text()
+        shipped = (ROOT / "examples" / f"{name}.toml").read_text()
+        assert packaged == shipped, name
+    cfg = config.load(None)  # the library default, lab and compose: one host per peer
     assert cfg.graph.kind == "ring" and cfg.graph.nodes == 8
     assert cfg.protocol.name == "muffliato"
+    # cfree run, plan and simulate: 64 peers, most pairs amplified below local DP.
+    big = config.load(None, default=config.RUN_DEFAULT_CONFIG)
+    assert big.graph.kind == "hypercube" and big.graph.dim == 6 and big.graph_n() == 64
 
 
 def test_overrides_are_parsed_as_toml_values():

@@ -23,7 +23,11 @@ DEADLINE = 1.0
 
 CASES = {
     # family: (config, --set overrides, fault)
-    "averaging-kill": (None, ["graph.nodes=5", "protocol.steps=20"], "kill:2@4"),
+    "averaging-kill": (
+        EX / "muffliato-ring.toml",
+        ["graph.nodes=5", "protocol.steps=20"],
+        "kill:2@4",
+    ),
     "randomized-stop": (
         EX / "randomized-gossip-ring.toml",
         ["graph.nodes=5", "protocol.steps=40"],

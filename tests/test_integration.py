@@ -105,7 +105,8 @@ def test_view_logs_are_intact_and_hold_no_secrets(ring_run):
 
 
 def test_cli_run_default_prints_summary(tmp_path):
-    """`cfree run` with no config runs the built-in ring example end to end."""
+    """`cfree run` with no config runs the built-in hypercube example end to end (64 peers)
+    and explains the privacy table: most pairs amplified below local DP."""
     out = tmp_path / "cli-run"
     proc = subprocess.run(
         [sys.executable, "-m", "coordinator_free", "run", "--out", str(out), "--quiet"],
@@ -119,8 +120,12 @@ def test_cli_run_default_prints_summary(tmp_path):
     assert "pairwise network DP" in text and "exact max" in text
     assert "(bitwise equal)" in text
     summary = json.loads((out / "summary.json").read_text())
-    assert len(summary["results"]["nodes"]) == N and not summary["failed"]
-    assert (out / "audit.json").is_file()
+    assert len(summary["results"]["nodes"]) == 64 and not summary["failed"]
+    audit = json.loads((out / "audit.json").read_text())
+    b = audit["baseline"]
+    assert b["pairs"] == 64 * 63 and b["amplified"] == 3200  # distances 2, 3 and 4
+    assert f"{b['amplified']} of {b['pairs']} ordered pairs" in text
+    assert "fully exposed" in text and "local DP is eps = 4.728" in text
 
 
 def test_killed_peer_is_recorded_and_the_run_still_ends(tmp_path):
@@ -214,7 +219,8 @@ def _start_long_run(out: Path) -> subprocess.Popen:
     """`cfree run` of a very long run in its own session; returns once all 8 peers connected
     (the non-terminal progress output prints a line at that milestone)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "coordinator_free", "run", "--out", str(out)]
+        [sys.executable, "-m", "coordinator_free", "run", str(config.DEFAULT_CONFIG)]
+        + ["--out", str(out)]
         + ["--set", "protocol.steps=100000", "--set", "network.deadline_s=30"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -288,7 +288,8 @@ def test_audit_of_fault_free_learning_run_equals_plan(learning_runs, protocol):
     if protocol == "dsgd":
         # 'paper' for the baseline is its own guarantee: R-fold local DP for every pair.
         assert np.all(F["paper"] == R)
-    # The audit is reproducible from the logs.
+    # The audit is reproducible from the logs, and audit.json records which logs it read.
+    assert rep.pop(audit.LOGS_KEY) == audit.logs_fingerprint(run.out)
     assert json.loads(json.dumps(audit.audit_run(run.out))) == rep
 
 

@@ -18,19 +18,20 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
-def test_hypercube_32_peers_networked_equals_simulator_and_audit_equals_plan(tmp_path):
+def test_hypercube_64_peers_networked_equals_simulator_and_audit_equals_plan(tmp_path):
+    """The built-in `cfree run` default, as shipped: 64 peers on a 6-cube."""
     cfg = config.load(ROOT / "examples" / "muffliato-hypercube.toml")
     out = tmp_path / "run"
     local.prepare_run_dir(cfg, out)
     run = asyncio.run(local.launch_peers(cfg, out, show_progress=False, timeout_s=600))
     assert not run.failed, [(o.node, o.error) for o in run.failed]
-    ref = sim.simulate(cfg, streams=seeds.streams_of_run(out, 32))
+    ref = sim.simulate(cfg, streams=seeds.streams_of_run(out, 64))
     n = ref.plan.n
-    assert n == 32
+    assert n == 64
     for v in range(n):
         est = np.asarray(json.loads((out / "results" / f"node-{v}.json").read_text())["estimate"])
         assert np.array_equal(est, ref.finals[v])
-    rep = audit.audit_run(out)  # n = 32: the realised schedule in exact rational arithmetic
+    rep = audit.audit_run(out)  # n = 64: the realised schedule in exact rational arithmetic
     assert rep["fault_free"] and rep["integrity"] == []
     for m in audit.METHODS:
         F = gossip.plan_factors(ref.plan, m)

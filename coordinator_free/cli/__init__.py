@@ -10,6 +10,7 @@ the protocol's family (``family_of(name).print_*``): nothing here knows a protoc
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from coordinator_free import __version__
@@ -24,24 +25,30 @@ from coordinator_free.cli import simulate as simulate_cmd
 from coordinator_free.cli.common import CliError, _emit, _fmt, _table, add_config_args
 from coordinator_free.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, CfreeError
 
+#: Exit status when stdout's reader went away, as a shell reports a process killed by SIGPIPE.
+EXIT_BROKEN_PIPE = 141
+
 __all__ = ["CliError", "build_parser", "main", "_emit", "_fmt", "_table", "add_config_args"]
 
 EPILOG = """\
 examples:
-  cfree run                                   # 8 peers on a ring, built-in default config
+  cfree run                                   # 64 peers on a hypercube, built-in default config
   cfree run examples/muffliato-ring.toml --set graph.nodes=12
   cfree plan examples/muffliato-ring.toml --source 0 --method exact --json
   cfree audit runs/<run-dir> --observer 3
+  cfree report runs/<run-dir>                 # PNG plots of a run (audits it first if needed)
   cfree simulate examples/muffliato-ring.toml
   cfree run examples/ring-sum.toml            # a token around a ring of 64 peers
   cfree plan examples/walk-sgd.toml --method paper --target-eps 10 --budget mean
   cfree plan examples/decor-ring.toml --target-eps 10   # (sigma, sigma_cor) for DECOR
-  cfree keygen --nodes 4 --out cluster/ --hosts 10.0.0.1:7000,10.0.0.2:7000,...
-  cfree compose examples/ring-sum.toml --dir cluster/ && docker compose -f cluster/docker-compose.yml up --build
+  cfree keygen --hosts 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002 --out cluster/
+  cfree compose examples/ring-sum.toml --dir cluster/ && docker-compose -f cluster/docker-compose.yml up --build
   cfree keypair --out key/ --address 192.168.1.11     # on each LAN host: prints its public line
   cfree roster --hosts hosts.txt --out lan/             # roster + start.sh + systemd unit per host
   cfree lab run                                         # 8 peers, each in its own network namespace (root)
 
+Without a config, run, plan and simulate use examples/muffliato-hypercube.toml; lab run and
+compose use examples/muffliato-ring.toml (one host, namespace or container per peer).
 Configuration keys are documented in docs/config.md; privacy quantities in docs/privacy.md.
 """
 
@@ -104,3 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"cfree {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader of stdout went away (`cfree plan | head`): stop quietly, and point stdout
+        # at /dev/null so the interpreter's final flush does not raise again.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+        return EXIT_BROKEN_PIPE

@@ -18,12 +18,21 @@ class CliError(UsageError):
     """A command-line argument (or combination) that cannot be used: exit 2."""
 
 
-def add_config_args(p: argparse.ArgumentParser, optional: bool = True) -> None:
-    """The experiment config positional and its ``--set`` overrides."""
+def add_config_args(
+    p: argparse.ArgumentParser, optional: bool = True, *, showcase: bool = False
+) -> None:
+    """The experiment config positional and its ``--set`` overrides. Without a config the
+    command runs the 8-peer ring (one host, container or namespace per peer); ``showcase``:
+    the 64-peer hypercube of ``cfree run``, ``plan`` and ``simulate`` instead."""
+    default = (
+        "Muffliato on a 64-node hypercube (coordinator_free/examples/muffliato-hypercube.toml)"
+        if showcase
+        else "Muffliato on a ring of 8 (coordinator_free/examples/muffliato-ring.toml)"
+    )
     p.add_argument(
         "config",
         nargs="?" if optional else None,
-        help="experiment config (TOML); without it the built-in default: Muffliato on a ring of 8"
+        help=f"experiment config (TOML); without it the built-in default: {default}"
         if optional
         else "experiment config (TOML)",
     )

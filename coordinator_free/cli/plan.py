@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
         "its closed form) and the pairwise losses to curious users. Without --source, a summary "
         "over all pairs by graph distance.",
     )
-    add_config_args(p)
+    add_config_args(p, showcase=True)
     p.add_argument("--source", type=int, help="source node u (default: summary over all pairs)")
     p.add_argument("--method", choices=["exact", "paper"], default="exact")
     p.add_argument(
@@ -51,7 +51,7 @@ def add_parser(sub) -> None:
 def cmd_plan(args) -> int:
     from coordinator_free.accounting.audit import calibrate, plan_report
 
-    cfg = config_mod.load(args.config, args.set, args.fault)
+    cfg = config_mod.load(args.config, args.set, args.fault, default=config_mod.RUN_DEFAULT_CONFIG)
     family = family_of(cfg.protocol.name)
     if args.target_eps is not None:
         if args.source is not None:

@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
         "pairwise privacy losses the auditor computed from the view logs. Everything lands in a "
         "run directory (config, roster, keys, logs, results, audit).",
     )
-    add_config_args(p)
+    add_config_args(p, showcase=True)
     p.add_argument("--out", type=Path, help="run directory (default: runs/<name>-<time>-<rand>)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress line")
@@ -53,12 +53,12 @@ def simulator_diff(cfg, plan, out: Path, results: dict) -> float | None:
 def save_summary(args, out: Path, summary: dict, finished: list) -> dict | None:
     """Audit the run (unless --no-audit or nothing finished) into audit.json, note the verdict
     in the summary and write summary.json; return the audit."""
-    from coordinator_free.accounting.audit import audit_run
+    from coordinator_free.accounting.audit import audit_run, save_audit
 
     audit = None
     if not args.no_audit and finished:
         audit = audit_run(out)
-        rundir.write_json(rundir.audit_path(out), audit)
+        save_audit(out, audit)
         summary["audit"] = {"fault_free": audit["fault_free"], "integrity": audit["integrity"]}
     rundir.write_json(rundir.summary_path(out), summary)
     return audit
@@ -144,7 +144,7 @@ def print_problems(command: str, summary: dict) -> None:
 def cmd_run(args) -> int:
     from coordinator_free.cluster import local
 
-    cfg = config_mod.load(args.config, args.set, args.fault)
+    cfg = config_mod.load(args.config, args.set, args.fault, default=config_mod.RUN_DEFAULT_CONFIG)
     family = family_of(cfg.protocol.name)
     plan = family.make_plan(cfg)
     out = args.out or local.default_run_dir(cfg)
@@ -179,7 +179,7 @@ def _run_central(args, cfg, out: Path) -> int:
     import time
 
     from coordinator_free import seeds
-    from coordinator_free.accounting.audit import audit_run
+    from coordinator_free.accounting.audit import audit_run, save_audit
     from coordinator_free.sim import simulate_learning
 
     t0 = time.monotonic()
@@ -208,7 +208,7 @@ def _run_central(args, cfg, out: Path) -> int:
     audit = None
     if not args.no_audit:
         audit = audit_run(out)
-        rundir.write_json(rundir.audit_path(out), audit)
+        save_audit(out, audit)
         summary["audit"] = {"fault_free": True, "integrity": []}
     rundir.write_json(rundir.summary_path(out), summary)
     if args.json:

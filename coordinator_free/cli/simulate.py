@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
         "network. With --run RUN_DIR it rebuilds the run's node streams from its keys and ends "
         "with the same values as the fault-free networked run, bit for bit.",
     )
-    add_config_args(p)
+    add_config_args(p, showcase=True)
     p.add_argument(
         "--run",
         type=Path,
@@ -49,7 +49,9 @@ def cmd_simulate(args) -> int:
         n = len(json.loads(roster.read_text())["nodes"])
         streams = seeds.streams_of_run(args.run, n)
     else:
-        cfg = config_mod.load(args.config, args.set, args.fault)
+        cfg = config_mod.load(
+            args.config, args.set, args.fault, default=config_mod.RUN_DEFAULT_CONFIG
+        )
     family = family_of(cfg.protocol.name)
     out = family.simulation(cfg, streams)
     if args.json:
