@@ -1,8 +1,11 @@
 """``cfree report``: PNG plots of a finished run directory.
 
-Reads ``RUN_DIR/audit.json`` (required, written by the auditor) and ``RUN_DIR/metrics.jsonl``
-(optional, per-round learning metrics of learning protocols) and writes, into ``RUN_DIR/report/``
-by default:
+Reads ``RUN_DIR/audit.json`` and ``RUN_DIR/metrics.jsonl`` (optional, per-round learning
+metrics of learning protocols) and writes, into ``RUN_DIR/report/`` by default the plots below.
+An audit.json that is missing (a ``--no-audit``, LAN or collected run) or older than the view
+logs beside it is first recomputed from them and written; one whose logs are gone cannot be
+checked and is refused unless ``--trust-audit`` says to plot it as it stands.
+
 
 * ``accuracy.png``: test accuracy of the node-average model per round with the min-max band over
   the nodes' own models (regression runs, whose accuracy is null: the test loss on a log axis);
@@ -425,10 +428,57 @@ def plot_heatmap(audit: Audit, method: str, path: Path, run_name: str, notes: li
 # --------------------------------------------------------------------------------------- API
 
 
+def current_audit(run_dir: Path, notes: list[str], *, trust: bool = False) -> Path:
+    """The path of an audit.json that is the audit of the view logs in ``run_dir`` now:
+    audit them first if it is missing or stale; refuse one whose logs are gone (``trust``:
+    use it anyway, with a note)."""
+    from coordinator_free.accounting import audit as audit_mod
+    from coordinator_free.errors import AuditError
+
+    path = rundir.audit_path(run_dir)
+    if not rundir.config_path(run_dir).is_file():
+        # An audit.json on its own (copied out of its run): nothing to check it against.
+        if path.exists():
+            notes.append(f"{run_dir} holds no config.toml: {path.name} plotted unchecked")
+        return path
+    try:
+        state = audit_mod.audit_state(run_dir)
+        if state == "unverifiable":
+            if not trust:
+                raise ReportError(
+                    f"{path}: the view logs it was computed from ({rundir.LOGS}/node-*.vlog) "
+                    "are gone, so it cannot be checked or recomputed; restore the logs, or "
+                    "pass --trust-audit to plot it as it stands"
+                )
+            notes.append(f"{path.name} plotted as it stands (--trust-audit): its logs are gone")
+        elif state in ("missing", "stale"):
+            if audit_mod.logs_fingerprint(run_dir)["files"] == 0 and state == "missing":
+                cfg, _plan = audit_mod.load_run(run_dir)
+                from coordinator_free.families import family_of
+
+                if family_of(cfg.protocol.name).has_peers(cfg):
+                    raise ReportError(
+                        f"{run_dir}: no audit.json and no view logs ({rundir.LOGS}/node-*.vlog): "
+                        "nothing to compute the privacy loss from"
+                    )
+            print(f"cfree report: auditing {run_dir} (audit.json {state})...", file=sys.stderr)
+            audit_mod.save_audit(run_dir, audit_mod.audit_run(run_dir))
+            why = "was missing" if state == "missing" else "did not match the view logs"
+            notes.append(f"audited the view logs first ({path.name} {why}); wrote {path}")
+    except AuditError as exc:
+        raise ReportError(str(exc)) from None
+    return path
+
+
 def render_report(
-    run_dir: str | Path, out_dir: str | Path | None = None, *, method: str = "exact"
+    run_dir: str | Path,
+    out_dir: str | Path | None = None,
+    *,
+    method: str = "exact",
+    trust_audit: bool = False,
 ) -> dict:
-    """Render the PNG plots of RUN_DIR into OUT_DIR (default RUN_DIR/report/).
+    """Render the PNG plots of RUN_DIR into OUT_DIR (default RUN_DIR/report/), auditing the
+    view logs first when audit.json is missing or stale (see :func:`current_audit`).
 
     Returns ``{"files": [written paths], "notes": [human-readable remarks]}``; raises
     ReportError (a ValueError) naming the file when an input is missing or damaged.
@@ -438,8 +488,8 @@ def render_report(
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir}: not a run directory")
-    audit = load_audit(rundir.audit_path(run_dir))
     notes: list[str] = []
+    audit = load_audit(current_audit(run_dir, notes, trust=trust_audit))
     metrics_path = rundir.metrics_path(run_dir)
     metrics = load_metrics(metrics_path, notes) if metrics_path.exists() else None
 
@@ -496,7 +546,9 @@ def add_parser(subparsers) -> None:
         "regression; needs RUN_DIR/metrics.jsonl, written by learning protocols), "
         "loss_vs_distance.png (pairwise eps_{u->v} against the hop distance, with the local-DP "
         "eps) and eps_heatmap.png (eps_{u->v}, rows observer v, columns source u), both from "
-        "RUN_DIR/audit.json. Plots whose input is absent are skipped with a note.",
+        "RUN_DIR/audit.json. An audit.json that is missing (a --no-audit, LAN or collected run) "
+        "or does not match the view logs is recomputed from them first and written. Plots whose "
+        "input is absent are skipped with a note.",
     )
     p.add_argument("run_dir", type=Path, help="run directory written by `cfree run`")
     p.add_argument(
@@ -510,6 +562,12 @@ def add_parser(subparsers) -> None:
         "whole view; default) or paper (Eq. (6) of the Muffliato paper)",
     )
     p.add_argument(
+        "--trust-audit",
+        action="store_true",
+        help="plot audit.json as it stands even when the view logs it was computed from are "
+        "gone (otherwise refused: nothing can check it)",
+    )
+    p.add_argument(
         "--json", action="store_true", help='print {"files": [...], "notes": [...]} as JSON'
     )
     p.set_defaults(func=cmd_report)
@@ -519,7 +577,9 @@ def cmd_report(args) -> int:
     """Render and print the written files (JSON with --json). A ReportError is printed as one
     line on stderr and gives exit status 2."""
     try:
-        rep = render_report(args.run_dir, args.out, method=args.method)
+        rep = render_report(
+            args.run_dir, args.out, method=args.method, trust_audit=args.trust_audit
+        )
     except ReportError as exc:
         print(f"cfree report: error: {exc}", file=sys.stderr)
         return 2

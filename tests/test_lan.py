@@ -182,6 +182,13 @@ def test_roster_node_count_must_match_the_config(tmp_path, capsys):
     code = lan_main("roster", "--hosts", hosts, "--config", cfg, "--out", tmp_path / "lan")
     err = capsys.readouterr().err
     assert code == 2 and "has 4 nodes" in err and "change the graph or the hosts" in err
+    # Too few hosts for any ring: no advice to set an invalid node count.
+    (tmp_path / "two").mkdir()
+    two = hosts_file(tmp_path / "two", 2)
+    code = lan_main("roster", "--hosts", two, "--out", tmp_path / "lan")
+    err = capsys.readouterr().err
+    assert code == 2 and "graph.nodes=2" not in err
+    assert "a ring graph needs at least 3 nodes: list at least 3 lines" in err
 
 
 def test_roster_needs_public_keys_unless_generate_keys(tmp_path, capsys):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from coordinator_free import report
+from coordinator_free.config import DEFAULT_CONFIG
 from coordinator_free.report import ReportError, render_report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -274,7 +275,16 @@ def test_help_describes_the_plots(capsys):
 def test_real_run_end_to_end(tmp_path):
     run = tmp_path / "r"
     proc = subprocess.run(
-        [sys.executable, "-m", "coordinator_free", "run", "--quiet", "--out", str(run)],
+        [
+            sys.executable,
+            "-m",
+            "coordinator_free",
+            "run",
+            str(DEFAULT_CONFIG),
+            "--quiet",
+            "--out",
+            str(run),
+        ],
         capture_output=True,
         text=True,
         timeout=180,
@@ -287,3 +297,61 @@ def test_real_run_end_to_end(tmp_path):
     assert any("metrics.jsonl" in n for n in rep["notes"])
     rep = render_report(run, tmp_path / "paper", method="paper")
     assert len(rep["files"]) == 2
+
+
+def test_report_audits_a_run_without_audit_json_and_refuses_one_without_logs(tmp_path, capsys):
+    """A --no-audit (or LAN, or collected) run: report audits the logs first and writes
+    audit.json; a changed log makes it stale (re-audited); logs gone: refused, unless
+    --trust-audit. `cfree audit` writes audit.json too, except with --no-write."""
+    from coordinator_free import cli
+    from coordinator_free.accounting import audit as audit_mod
+
+    run = tmp_path / "r"
+    proc = subprocess.run(
+        [sys.executable, "-m", "coordinator_free", "run", str(DEFAULT_CONFIG), "--no-audit"]
+        + ["--quiet", "--out", str(run)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    audit_json = run / "audit.json"
+    assert not audit_json.exists() and audit_mod.audit_state(run) == "missing"
+
+    rep = render_report(run)
+    assert [Path(f).name for f in rep["files"]] == ["loss_vs_distance.png", "eps_heatmap.png"]
+    assert any("audit.json was missing" in n for n in rep["notes"]), rep["notes"]
+    first = json.loads(audit_json.read_text())
+    assert first["logs"]["files"] == 8 and audit_mod.audit_state(run) == "current"
+    assert not any("audited" in n for n in render_report(run)["notes"])  # current: kept
+
+    # A log cut short after the audit: the audit no longer describes the logs.
+    log = run / "logs" / "node-3.vlog"
+    log.write_bytes(log.read_bytes()[: log.stat().st_size // 2])
+    assert audit_mod.audit_state(run) == "stale"
+    rep = render_report(run)
+    assert any("did not match the view logs" in n for n in rep["notes"])
+    again = json.loads(audit_json.read_text())
+    assert again["logs"] != first["logs"] and again["integrity"]  # the damage is named
+
+    # `cfree audit` writes the full audit; --no-write and --observer leave it alone.
+    audit_json.unlink()
+    assert cli.main(["audit", str(run), "--json", "--no-write"]) == 0
+    assert cli.main(["audit", str(run), "--json", "--observer", "1"]) == 0
+    assert not audit_json.exists()
+    capsys.readouterr()
+    assert cli.main(["audit", str(run), "--json"]) == 0
+    assert f"wrote {audit_json}" in capsys.readouterr().err
+    assert audit_mod.audit_state(run) == "current"
+
+    # Logs gone: nothing can check audit.json any more.
+    for f in (run / "logs").glob("*.vlog"):
+        f.unlink()
+    assert audit_mod.audit_state(run) == "unverifiable"
+    with pytest.raises(ReportError, match="are gone.*--trust-audit"):
+        render_report(run)
+    rep = render_report(run, trust_audit=True)
+    assert len(rep["files"]) == 2 and any("--trust-audit" in n for n in rep["notes"])
+    audit_json.unlink()
+    with pytest.raises(ReportError, match="no audit.json and no view logs"):
+        render_report(run)

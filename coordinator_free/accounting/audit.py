@@ -11,6 +11,7 @@ for it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import numbers
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from coordinator_free import config as config_mod
 from coordinator_free import rundir
+from coordinator_free.accounting import baseline
 from coordinator_free.accounting.core import (  # noqa: F401  (the accounting API in one place)
     BUDGETS,
     METHODS,
@@ -43,7 +45,10 @@ def load_run(run_dir: Path):
 def plan_report(cfg: config_mod.Config, *, source: int | None, method: str) -> dict:
     """What each observer will learn about each source under the fault-free schedule."""
     fam = family_of(cfg.protocol.name)
-    return fam.plan_report(cfg, fam.make_plan(cfg), source=source, method=method)
+    rep = fam.plan_report(cfg, fam.make_plan(cfg), source=source, method=method)
+    if not fam.has_peers(cfg):
+        return rep
+    return baseline.annotate_plan(rep, neighbours_see_values=not fam.walks(cfg))
 
 
 def audit_run(run_dir: str | Path, *, observers: list[int] | None = None) -> dict:
@@ -83,7 +88,10 @@ def audit_run(run_dir: str | Path, *, observers: list[int] | None = None) -> dic
     if faults is not None:
         rep["faults"] = faults
     wanted = list(range(plan.n)) if observers is None else observers
-    return floor(rep, fam, cfg, plan, wanted, failed=failed is not None)
+    rep = floor(rep, fam, cfg, plan, wanted, failed=failed is not None)
+    if not fam.has_peers(cfg):
+        return rep
+    return baseline.annotate_audit(rep, neighbours_see_values=not fam.walks(cfg))
 
 
 #: Findings that leave nothing trustworthy of a node's own view: its log is absent, unreadable,
@@ -100,6 +108,61 @@ NO_VIEW_KINDS = frozenset(
     }
 )
 ELSEWHERE = "a log elsewhere in the run is damaged or incomplete"
+
+
+#: The key of ``audit.json`` recording the view logs the audit was computed from.
+LOGS_KEY = "logs"
+
+
+def logs_fingerprint(run_dir: str | Path) -> dict:
+    """The view logs of a run as they are now: how many, their total size and one SHA-256 over
+    their names, sizes and bytes (in name order)."""
+    h = hashlib.sha256()
+    files = sorted(rundir.logs_dir(run_dir).glob("node-*.vlog"))
+    total = 0
+    for f in files:
+        size = f.stat().st_size
+        total += size
+        h.update(f"{f.name}\0{size}\0".encode())
+        with f.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return {"files": len(files), "bytes": total, "sha256": h.hexdigest()}
+
+
+def save_audit(run_dir: str | Path, rep: dict) -> Path:
+    """Write a full audit to ``RUN_DIR/audit.json`` with the fingerprint of the logs it was
+    computed from (key ``logs``), so that ``cfree report`` can tell whether it is current."""
+    path = rundir.audit_path(run_dir)
+    write_json(path, {**rep, LOGS_KEY: logs_fingerprint(run_dir)})
+    return path
+
+
+def audit_state(run_dir: str | Path) -> str:
+    """Whether ``RUN_DIR/audit.json`` is the audit of the view logs there now:
+
+    * ``missing``: no audit.json;
+    * ``current``: it records exactly the logs present (a trusted-curator run has none);
+    * ``stale``: logs are present but differ from those it was computed from, or it predates
+      the record (re-auditing replaces it);
+    * ``unverifiable``: its logs are gone, so nothing can confirm or recompute it.
+    """
+    path = rundir.audit_path(run_dir)
+    if not path.exists():
+        return "missing"
+    try:
+        recorded = json.loads(path.read_bytes()).get(LOGS_KEY)
+    except (OSError, ValueError, AttributeError):
+        recorded = None  # unreadable: the report's reader names the problem
+    now = logs_fingerprint(run_dir)
+    if isinstance(recorded, dict) and recorded == now:
+        return "current"
+    if now["files"] == 0:
+        if isinstance(recorded, dict) and recorded.get("files") == 0:
+            return "current"
+        cfg, _plan = load_run(Path(run_dir))
+        return "unverifiable" if family_of(cfg.protocol.name).has_peers(cfg) else "current"
+    return "stale"
 
 
 def floor(rep: dict, fam, cfg, plan, wanted: list[int], *, failed: bool = False) -> dict:
@@ -275,6 +338,49 @@ def calibrate(
         raise AuditError(f"--target-eps must be a positive number, got {target_eps}")
     if budget not in BUDGETS:
         raise AuditError(f"unknown budget {budget!r}; expected one of {BUDGETS}")
-    return family_of(cfg.protocol.name).calibrate(
+    rep = family_of(cfg.protocol.name).calibrate(
         cfg, target_eps, method=method, budget=budget, decor_pair=decor_pair
     )
+    return against_ldp(rep, target_eps)
+
+
+def against_ldp(rep: dict, target_eps: float) -> dict:
+    """A calibration with what local DP alone would need: ``ldp_sigma``, the smallest sigma at
+    which every node publishing its noisy values directly meets the target, and ``gain``:
+    whether the protocol needs less noise than that (``gains_over_ldp``), by how much
+    (``sigma_ratio`` = sigma / ldp_sigma) and, when it gains nothing, why. The families'
+    searches already cap a paper formula at local DP, so sigma never exceeds ldp_sigma."""
+    ldp = rep.get("ldp")
+    sigma = rep.get("sigma")
+    if not (isinstance(ldp, dict) and isinstance(ldp.get("factor"), int | float)):
+        return rep
+    if not isinstance(sigma, int | float) or isinstance(ldp.get("factor"), bool):
+        return rep
+    factor = float(ldp["factor"])
+    sens, alpha, delta = rep["sensitivity"], rep.get("alpha", 2.0), rep["delta"]
+
+    def ldp_eps(s: float) -> float:
+        return Units(alpha=alpha, delta=delta, sensitivity=sens, sigma=s).loss(factor)["eps"]
+
+    ldp_sigma = smallest_sigma(ldp_eps, target_eps, sens)
+    ratio = sigma / ldp_sigma
+    gains = ratio < 1.0 - 1e-6
+    gain: dict = {"gains_over_ldp": gains, "sigma_ratio": ratio}
+    if not gains:
+        what = (
+            "the binding pair is fully exposed: its observer can solve for the source's noisy "
+            "value (a neighbour receives it directly)"
+            if rep.get("budget") == "worst"
+            else "every pair is fully exposed: each observer can solve for every source's "
+            "noisy values"
+        )
+        if rep.get("method") == "paper":
+            what = "the paper's formula is above local DP at this noise, so local DP binds"
+        gain["why"] = (
+            f"the protocol gains nothing over local DP at eps = {target_eps:g}: {what}; "
+            "amplification needs observers whose view cannot pin the source down (a larger "
+            "or sparser graph, fewer steps)"
+        )
+    rep["ldp_sigma"] = ldp_sigma
+    rep["gain"] = gain
+    return rep

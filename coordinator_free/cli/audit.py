@@ -15,11 +15,18 @@ def add_parser(sub) -> None:
         help="replay a finished run's view logs and compute the per-pair losses",
         description="Rebuild the schedule that really happened (missed deadlines, late messages) "
         "from the view logs of RUN_DIR, then compute every observer's loss about every source "
-        "with both methods, and check the logs' integrity.",
+        "with both methods, and check the logs' integrity. A full audit (no --observer) is "
+        "written to RUN_DIR/audit.json, with the fingerprint of the logs it read, for `cfree "
+        "report`; a missing or damaged log is named and never lowers a loss below the plan's.",
     )
     p.add_argument("run_dir", type=Path, help="run directory written by `cfree run`")
     p.add_argument("--observer", type=int, action="append", help="only this observer (repeatable)")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--no-write",
+        action="store_true",
+        help="do not write RUN_DIR/audit.json (it is written only for a full audit anyway)",
+    )
     p.add_argument(
         "--strict",
         action="store_true",
@@ -33,10 +40,17 @@ def print_audit(rep: dict) -> None:
 
 
 def cmd_audit(args) -> int:
-    from coordinator_free.accounting.audit import audit_run
+    from coordinator_free.accounting.audit import audit_run, save_audit
 
     rep = audit_run(args.run_dir, observers=args.observer)
     _emit(args, rep, print_audit)
+    if args.observer is None and not args.no_write:
+        try:
+            path = save_audit(args.run_dir, rep)
+        except OSError as exc:
+            print(f"cfree audit: warning: audit.json not written: {exc}", file=sys.stderr)
+        else:
+            print(f"wrote {path}", file=sys.stderr)
     if args.strict and rep["integrity"]:
         print(
             f"cfree audit: {len(rep['integrity'])} integrity finding(s) (--strict)", file=sys.stderr

@@ -296,11 +296,11 @@ def keygen_role(
 
 def audit_role(run_dir: Path = Path(RUN_MOUNT)) -> dict:
     """The auditor service: replay the logs, write ``audit.json`` beside them, print the report."""
-    from coordinator_free.accounting.audit import audit_run, write_json
+    from coordinator_free.accounting.audit import audit_run, save_audit
     from coordinator_free.accounting.render import print_audit as _print_audit
 
     rep = audit_run(run_dir)
-    write_json(rundir.audit_path(run_dir), rep)
+    save_audit(run_dir, rep)
     _print_audit(rep)
     print(f"wrote {run_dir / 'audit.json'}")
     return rep

@@ -333,11 +333,16 @@ def plan_deployment(
         )
     if plan.n != len(hosts):
         g = cfg.graph
-        how = (
-            f"use --set graph.nodes={len(hosts)}"
-            if g.kind in ("ring", "path", "complete", "star", "erdos_renyi", "geometric")
-            else "change the graph or the hosts"
-        )
+        least = 3 if g.kind == "ring" else 2
+        if g.kind not in ("ring", "path", "complete", "star", "erdos_renyi", "geometric"):
+            how = "change the graph or the hosts"
+        elif len(hosts) < least:
+            how = (
+                f"a {g.kind} graph needs at least {least} nodes: list at least {least} lines "
+                "(several nodes can share a machine on different ports)"
+            )
+        else:
+            how = f"use --set graph.nodes={len(hosts)}"
         raise LanError(
             f"{hosts_source} lists {len(hosts)} hosts but the config's graph "
             f"(graph.kind = {g.kind!r}, {cfg.source}) has {plan.n} nodes; {how}"
