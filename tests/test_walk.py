@@ -136,7 +136,9 @@ def test_calibration_round_trip():
                          ["graph.nodes=8", "protocol.hops=80", f"privacy.sigma={rep['sigma']!r}"])  # fmt: skip
         plan = audit.plan_report(at, source=None, method=method)
         key = "mean_over_pairs" if budget == "mean" else "worst_pair"
-        assert plan[key]["eps"] == pytest.approx(3.0, rel=1e-6)
+        # paper: the usable bound, the theorem capped at local DP, is what was calibrated
+        got = plan[key]["eps_usable"] if method == "paper" else plan[key]["eps"]
+        assert got == pytest.approx(3.0, rel=1e-6)
     with pytest.raises(audit.AuditError, match="eps0"):
         audit.calibrate(cfg_of("ring-histogram"), 3.0, method="exact", budget="worst")
 
@@ -292,3 +294,12 @@ def test_killed_holder_ends_the_run_with_the_loss_or_a_reroute_recorded(tmp_path
             downs += any(r["k"] == "peer-down" and r["peer"] == victim for r in recs)
     assert downs >= 1
     assert json.loads(json.dumps(rep))  # JSON-serialisable
+
+
+def test_a_sum_token_prints_its_truth_beside_the_error():
+    """|estimate - truth| alone (120 on complete-sum) reads as a failure; the truth says how
+    large the sum is."""
+    from coordinator_free.families.walk.render import token_quality
+
+    line = token_quality({"estimate": [1530.0], "truth": [1410.0], "error": 120.0})
+    assert "estimate [1530.]" in line and "truth [1410.]" in line and "= 120" in line

@@ -130,6 +130,7 @@ class ProgressDisplay:
         # visited), not the step every node has reached.
         self.n, self.steps, self.enabled, self.token = n, steps, enabled, token
         self.tty = sys.stderr.isatty()
+        self.up: set[int] = set()  # processes listening: started, keys loaded, port bound
         self.connected: set[int] = set()
         self.step = [0] * n
         self.finished: set[int] = set()
@@ -141,7 +142,10 @@ class ProgressDisplay:
         if not isinstance(node, int) or not 0 <= node < self.n:
             return
         kind = ev.get("event")
-        if kind == "connected":
+        if kind == "listening":
+            self.up.add(node)
+        elif kind == "connected":
+            self.up.add(node)
             self.connected.add(node)
         elif kind == "step":
             self.step[node] = int(ev.get("step", 0))
@@ -156,17 +160,27 @@ class ProgressDisplay:
         pct = int(100 * low / max(1, self.steps))
         width = 30
         bar = "#" * (width * pct // 100) + "-" * (width - width * pct // 100)
+        # While peers start (interpreter, imports, keys: seconds each on a small machine),
+        # how many processes are up; then how many have all their channels.
+        starting = f"up {len(self.up)}/{self.n}  " if len(self.connected) < self.n else ""
         line = (
-            f"  [{bar}] {'hop' if self.token else 'step'} {low}/{self.steps}  connected {len(self.connected)}/{self.n}  "
+            f"  [{bar}] {'hop' if self.token else 'step'} {low}/{self.steps}  {starting}"
+            f"connected {len(self.connected)}/{self.n}  "
             f"finished {len(self.finished)}/{self.n}  {time.monotonic() - self._t0:5.1f}s"
         )
         if self.tty:
             sys.stderr.write("\r" + line + ("\n" if final else ""))
             sys.stderr.flush()
         else:
-            # Not a terminal: one line per milestone (every quarter of the steps, everyone
-            # connected, everyone finished) instead of a redrawn line.
-            milestone = (pct // 25, len(self.connected) == self.n, len(self.finished) == self.n)
+            # Not a terminal: one line per milestone (each quarter of the processes up, every
+            # quarter of the steps, everyone connected, everyone finished) instead of a redrawn
+            # line.
+            milestone = (
+                4 * len(self.up) // self.n,
+                pct // 25,
+                len(self.connected) == self.n,
+                len(self.finished) == self.n,
+            )
             if final or milestone != self._last_milestone:
                 self._last_milestone = milestone
                 sys.stderr.write(line + "\n")
@@ -281,6 +295,7 @@ async def supervise_peers(
             )
         if after_spawn is not None:
             after_spawn()
+        display.render()  # every process started: "up 0/n" until they report in
         if timeout_s is None:
             timeout_s = run_timeout(cfg, plan)
         watchers = [

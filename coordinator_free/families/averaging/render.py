@@ -7,13 +7,15 @@ is always a view of exactly what ``--json`` prints.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from coordinator_free.accounting import baseline
 from coordinator_free.accounting import render as _generic_audit
-from coordinator_free.accounting.render import fmt, table
+from coordinator_free.accounting.render import capped, fmt, print_baseline, table
 
 # ------------------------------------------------------------------------------------ plan
 
@@ -56,28 +58,56 @@ def print_gossip_plan(
                 str(x["observer"]),
                 str(x["distance"]),
                 fmt(x["factor"]),
-                fmt(x["rdp"]),
-                fmt(x["eps"]),
+                capped(x, "rdp"),
+                capped(x, "eps"),
             ]
             for x in rep["losses"]
         ]
         print(f"losses from source {rep['source']}:")
         print(table(["observer", "dist", "factor", "rdp", "eps"], rows))
+        print_plan_ending(rep)
         return
     rows = [
         [str(r["distance"]), str(r["pairs"]), fmt(r["factor_mean"]), fmt(r["factor_max"]),
-         fmt(r["rdp_mean"]), fmt(r["rdp_max"]), fmt(r["eps_max"])]
+         capped(r, "rdp_mean"), capped(r, "rdp_max"), capped(r, "eps_max"),
+         amplified_cell(r)]
         for r in rep["by_distance"]
     ]  # fmt: skip
     print(
         table(
-            ["dist", "pairs", "factor mean", "factor max", "rdp mean", "rdp max", "eps max"], rows
-        )
+            [
+                "dist",
+                "pairs",
+                "factor mean",
+                "factor max",
+                "rdp mean",
+                "rdp max",
+                "eps max",
+                "below LDP",
+            ],
+            rows,
+        )  # fmt: skip
     )
     w = rep["worst_pair"]
-    print(f"worst pair: {w['source']} -> {w['observer']}  rdp={fmt(w['rdp'])}  eps={fmt(w['eps'])}")
+    print(
+        f"worst pair: {w['source']} -> {w['observer']}  rdp={capped(w, 'rdp')}  "
+        f"eps={capped(w, 'eps')}"
+    )
     m = rep["mean_over_pairs"]
-    print(f"mean over pairs: rdp={fmt(m['rdp'])}  eps={fmt(m['eps'])}")
+    print(f"mean over pairs: rdp={capped(m, 'rdp')}  eps={capped(m, 'eps')}")
+    print_plan_ending(rep)
+
+
+def amplified_cell(row: dict) -> str:
+    """How many of a distance row's pairs are below local DP (paper plans: by the formula)."""
+    return str(row["amplified"]) if "amplified" in row else "-"
+
+
+def print_plan_ending(rep: dict) -> None:
+    """The legend of capped paper values and the plan's reading against local DP."""
+    if rep.get("baseline", {}).get("paper_above_ldp"):
+        print(baseline.LEGEND)
+    print_baseline(rep)
 
 
 def print_plan(rep: dict) -> None:
@@ -93,31 +123,46 @@ print_audit = _generic_audit.print_audit
 
 
 def print_audit_compact(audit: dict, *, extra: Callable[[dict], None] | None = None) -> None:
-    """PNDP table by graph distance: mean and max eps over pairs, both methods."""
+    """PNDP table by graph distance: mean and max eps over pairs, both methods (paper capped at
+    local DP, marked), how many pairs are below local DP, then what it means in words."""
+    ldp_eps = audit["ldp"]["eps"]
     by: dict[tuple[str, int], list[float]] = {}
+    raw_above: dict[int, int] = {}
     for o in audit["observers"]:
         for x in o["losses"]:
-            by.setdefault((x["method"], x["distance"]), []).append(x["eps"])
+            by.setdefault((x["method"], x["distance"]), []).append(x.get("eps_usable", x["eps"]))
+            if x["method"] == "paper" and x["eps"] > x.get("eps_usable", x["eps"]):
+                raw_above[x["distance"]] = raw_above.get(x["distance"], 0) + 1
     dists = sorted({d for _, d in by})
     rows = []
     for d in dists:
         e = by.get(("exact", d), [0.0])
         p = by.get(("paper", d), [0.0])
+        mark = baseline.MARK if raw_above.get(d) else ""
         rows.append(
             [
                 str(d),
                 str(len(e)),
+                str(sum(1 for x in e if baseline.below(x, ldp_eps))),
                 fmt(float(np.mean(e))),
                 fmt(max(e)),
-                fmt(float(np.mean(p))),
-                fmt(max(p)),
+                fmt(float(np.mean(p))) + mark,
+                fmt(max(p)) + mark,
             ]
         )
     print(
-        f"pairwise network DP (eps at delta={audit['delta']:g}, from the view logs; "
-        f"LDP would be eps={fmt(audit['ldp']['eps'])}):"
+        f"pairwise network DP: eps_(u->v) at delta={audit['delta']:g} that observer v's view "
+        f"(its log) gives about source u, by graph distance; local DP: eps={fmt(ldp_eps)}"
     )
-    print(table(["dist", "pairs", "exact mean", "exact max", "paper mean", "paper max"], rows))
+    print(
+        table(
+            ["dist", "pairs", "below LDP", "exact mean", "exact max", "paper mean", "paper max"],
+            rows,
+        )
+    )
+    if raw_above:
+        print(baseline.LEGEND)
+    print_baseline(audit)
     if extra is not None:
         extra(audit)
     if audit["integrity"]:
@@ -155,8 +200,25 @@ def print_calibration(rep: dict, *, unit: str = "exchange steps") -> None:
     print(
         f"  mean over pairs: eps = {fmt(m['eps'])};  local DP at this sigma: eps = {fmt(rep['ldp']['eps'])}"
     )
+    if rep.get("method") == "paper":
+        print(
+            "  the paper's formula is capped at local DP pair by pair (where it is above, local "
+            "DP is the valid bound)"
+        )
     if rep.get("accounting"):
         print(f"  accounting: {rep['accounting']}")
+    gain = rep.get("gain")
+    if gain is not None:
+        if gain["gains_over_ldp"]:
+            print(
+                f"  local DP alone would need sigma = {rep['ldp_sigma']:.6g}: the protocol needs "
+                f"{gain['sigma_ratio']:.3g} x that noise"
+            )
+        else:
+            print(f"  local DP alone needs the same sigma = {rep['ldp_sigma']:.6g}:")
+            print(
+                textwrap.fill(gain["why"], width=100, initial_indent="  ", subsequent_indent="  ")
+            )
     print(f"use it: --set privacy.sigma={rep['sigma']:.6g}")
 
 
@@ -186,21 +248,47 @@ def print_footer(
     print(f"\nrun directory: {summary['run_dir']}  (details: cfree audit {summary['run_dir']})")
 
 
+#: Above this many nodes the run summary prints the spread over nodes, not one row per node.
+PER_NODE_ROWS_MAX = 16
+
+
 def print_summary(summary: dict, audit: dict | None) -> None:
     res = summary["results"]
     nodes = res["nodes"]
     print(f"\ntrue mean: {np.array2string(np.asarray(res['true_mean']), precision=4)}")
-    rows = []
-    for r in nodes:
-        if not r["finished"]:
-            rows.append([str(r["node"]), "-", "-", "-", "-", "did not finish"])
-            continue
-        rows.append(
-            [str(r["node"]), fmt(r["error"]), f"{r['steps_per_s']:.1f}", str(r["bytes_sent"]),
-             str(r["bytes_received"]), str(r["missed"])]
-        )  # fmt: skip
-    print(table(["node", "|est - mean|", "rounds/s", "bytes sent", "bytes recv", "missed"], rows))
+    head = ["node", "|est - mean|", "rounds/s", "bytes sent", "bytes recv", "missed"]
     fin = [r for r in nodes if r["finished"]]
+
+    def row(label: str, r: dict) -> list[str]:
+        return [label, fmt(r["error"]), f"{r['steps_per_s']:.1f}", str(r["bytes_sent"]),
+                str(r["bytes_received"]), str(r["missed"])]  # fmt: skip
+
+    if len(nodes) <= PER_NODE_ROWS_MAX:
+        rows = [
+            row(str(r["node"]), r) if r["finished"] else [str(r["node"]), "-", "-", "-", "-",
+                                                          "did not finish"]
+            for r in nodes
+        ]  # fmt: skip
+        print(table(head, rows))
+    else:
+        # Many nodes: the spread over the nodes that finished, then every node that stands out
+        # (did not finish, or missed a deadline). Each node's numbers: summary.json.
+        keys = ("error", "steps_per_s", "bytes_sent", "bytes_received", "missed")
+        rows = []
+        if fin:
+            for label, f in (("min", np.min), ("median", np.median), ("max", np.max)):
+                stat = {k: f([r[k] for r in fin]) for k in keys}
+                rows.append(row(label, {k: stat[k] if k in ("error", "steps_per_s") else
+                                        int(round(float(stat[k]))) for k in keys}))  # fmt: skip
+        odd = [r for r in nodes if not r["finished"] or r["missed"]]
+        for r in odd:
+            rows.append(
+                row(f"node {r['node']}", r)
+                if r["finished"]
+                else [f"node {r['node']}", "-", "-", "-", "-", "did not finish"]
+            )
+        print(f"{len(nodes)} nodes, {len(fin)} finished; each node's numbers are in summary.json")
+        print(table(["over nodes", *head[1:]], rows))
     if fin:
         print(
             f"mean error {fmt(float(np.mean([r['error'] for r in fin])))}, "

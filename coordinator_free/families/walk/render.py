@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from coordinator_free.accounting.render import fmt, table
+from coordinator_free.accounting import baseline
+from coordinator_free.accounting.render import capped, fmt, print_baseline, table
 from coordinator_free.families.averaging import render as gossip
 
 
@@ -42,22 +43,36 @@ def print_plan(rep: dict) -> None:
         )
     if rep.get("source") is not None:
         rows = [
-            [str(x["observer"]), str(x["distance"]), fmt(x["factor"]), fmt(x["rdp"]),
-             fmt(x["eps"])]
+            [str(x["observer"]), str(x["distance"]), fmt(x["factor"]), capped(x, "rdp"),
+             capped(x, "eps")]
             for x in rep["losses"]
         ]  # fmt: skip
         print(f"losses from source {rep['source']}:")
         print(table(["observer", "dist", "factor", "rdp", "eps"], rows))
+        print_plan_ending(rep)
         return
     rows = [
         [str(r["distance"]), str(r["pairs"]), fmt(r["factor_mean"]), fmt(r["factor_max"]),
-         fmt(r["eps_mean"]), fmt(r["eps_max"])]
+         capped(r, "eps_mean"), capped(r, "eps_max"), gossip.amplified_cell(r)]
         for r in rep["by_distance"]
     ]  # fmt: skip
-    print(table(["dist", "pairs", "factor mean", "factor max", "eps mean", "eps max"], rows))
+    print(
+        table(
+            ["dist", "pairs", "factor mean", "factor max", "eps mean", "eps max", "below LDP"],
+            rows,
+        )
+    )
     w = rep["worst_pair"]
-    print(f"worst pair: {w['source']} -> {w['observer']}  eps={fmt(w['eps'])}")
-    print(f"mean over pairs: eps={fmt(rep['mean_over_pairs']['eps'])}")
+    print(f"worst pair: {w['source']} -> {w['observer']}  eps={capped(w, 'eps')}")
+    print(f"mean over pairs: eps={capped(rep['mean_over_pairs'], 'eps')}")
+    print_plan_ending(rep)
+
+
+def print_plan_ending(rep: dict) -> None:
+    """The legend of capped values and the plan's reading against local DP."""
+    if rep.get("baseline", {}).get("paper_above_ldp"):
+        print(baseline.LEGEND)
+    print_baseline(rep)
 
 
 def print_calibration(rep: dict) -> None:
@@ -142,7 +157,10 @@ def token_quality(t: dict) -> str:
         return f"test acc {acc}, test loss {fmt(t['test_loss'])}"
     if "error" in t:
         est = np.array2string(np.asarray(t["estimate"]), precision=3)
-        return f"estimate {est}, |estimate - truth| = {fmt(t['error'])}"
+        if "truth" not in t:
+            return f"estimate {est}, |estimate - truth| = {fmt(t['error'])}"
+        truth = np.array2string(np.asarray(t["truth"]), precision=3)
+        return f"estimate {est}, truth {truth}, |estimate - truth| = {fmt(t['error'])}"
     return "-"
 
 
