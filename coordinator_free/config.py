@@ -120,6 +120,8 @@ class DataSection:
 class ModelSection:
     kind: str = "auto"
     l2: float = 0.0
+    # Every parameter's starting value (public; None: 0, left out of written configs).
+    init: float | None = None
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,9 @@ def conclude(cfg, plan, out: Path, run, schedule) -> tuple[dict, list]:
     }
     if faults_doc is not None:
         summary["faults"] = faults_doc
+    ref = family_of(cfg.protocol.name).reference(cfg)
+    if ref is not None:
+        summary["reference"] = ref
     return summary, [r for r in collected["nodes"] if r["finished"]]
 
 
@@ -205,6 +208,7 @@ def _run_central(args, cfg, out: Path) -> int:
     }
     summary = {"run_dir": str(out), "wall_s": wall, "results": results,
                "simulator_max_abs_diff": None, "failed": []}  # fmt: skip
+    summary["reference"] = family_of(cfg.protocol.name).reference(cfg)
     audit = None
     if not args.no_audit:
         audit = audit_run(out)

@@ -158,8 +158,23 @@ class Family:
         )
 
     def simulation(self, cfg, streams) -> dict:
-        """``cfree simulate --json``: the reference simulator's outcome."""
-        return self._render("simulation")(cfg, self.simulate(cfg, None, streams))
+        """``cfree simulate --json``: the reference simulator's outcome (with the
+        :meth:`reference` a result is judged against, when the family has one)."""
+        out = self._render("simulation")(cfg, self.simulate(cfg, None, streams))
+        ref = self.reference(cfg)
+        if ref is not None:
+            out["reference"] = ref
+        return out
+
+    def reference(self, cfg) -> dict | None:
+        """What a trained model is judged against (``families/learning/reference.py``): the
+        same config without noise and the trivial model; None when the protocol learns no
+        model (an estimate is judged against the truth its results carry)."""
+        if not self.learns(cfg):
+            return None
+        from coordinator_free.families.learning.reference import final_average, references
+
+        return references(cfg, lambda c: final_average(self.simulate(c)))
 
     def print_simulation(self, out: dict) -> None:
         self._render("print_simulation")(out)

@@ -66,9 +66,13 @@ class Model:
 
     # -- interface ------------------------------------------------------------------------------
 
+    #: Every parameter's starting value (``model.init``; set by :func:`make_model`).
+    start: float = 0.0
+
     def init(self) -> np.ndarray:
-        """The starting point ``theta = 0`` (float64, length ``dim``)."""
-        return np.zeros(self.dim, dtype=np.float64)
+        """The starting point: every parameter ``start`` (0 unless ``model.init`` says
+        otherwise), float64, length ``dim``."""
+        return np.full(self.dim, self.start, dtype=np.float64)
 
     def per_example_grads(self, theta: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
         """``(b, dim)``: row ``i`` is the gradient of ``l_i`` at ``theta`` (no regulariser)."""
@@ -236,8 +240,11 @@ class LeastSquaresModel(Model):
         return X @ theta
 
 
-def make_model(kind: str, n_features: int, n_classes: int, l2: float = 0.0) -> Model:
-    """Build a model; ValueError for an unknown kind or a kind/label mismatch.
+def make_model(
+    kind: str, n_features: int, n_classes: int, l2: float = 0.0, start: float = 0.0
+) -> Model:
+    """Build a model starting at ``theta = start`` everywhere; ValueError for an unknown kind or
+    a kind/label mismatch.
 
     ``logistic`` needs ``n_classes == 2``, ``multinomial`` ``n_classes >= 2``, ``least-squares``
     and ``ridge`` ``n_classes == 0`` (regression data); ``ridge`` needs ``l2 > 0``.
@@ -259,14 +266,14 @@ def make_model(kind: str, n_features: int, n_classes: int, l2: float = 0.0) -> M
                 f"model 'logistic' is binary and needs n_classes == 2, got {n_classes} "
                 "(use 'multinomial' for more classes, 'least-squares' for regression)"
             )
-        return LogisticModel(n_features, l2)
+        return _starting(LogisticModel(n_features, l2), start)
     if kind == "multinomial":
         if n_classes < 2:
             raise ValueError(
                 f"model 'multinomial' needs classification data with n_classes >= 2, got "
                 f"{n_classes}"
             )
-        return MultinomialModel(n_features, n_classes, l2)
+        return _starting(MultinomialModel(n_features, n_classes, l2), start)
     if n_classes != 0:
         raise ValueError(
             f"model {kind!r} is a regression model and needs regression data (n_classes == 0), "
@@ -274,7 +281,14 @@ def make_model(kind: str, n_features: int, n_classes: int, l2: float = 0.0) -> M
         )
     if kind == "ridge" and l2 <= 0:
         raise ValueError("model 'ridge' needs l2 > 0 (with l2 == 0 use 'least-squares')")
-    return LeastSquaresModel(kind, n_features, l2)
+    return _starting(LeastSquaresModel(kind, n_features, l2), start)
+
+
+def _starting(model: Model, start: float) -> Model:
+    if not isinstance(start, (int, float, np.floating)) or not math.isfinite(start):
+        raise ValueError(f"the starting value must be a finite number, got {start!r}")
+    model.start = float(start)
+    return model
 
 
 def clip_rows(G: np.ndarray, clip: float) -> np.ndarray:

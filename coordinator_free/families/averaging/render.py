@@ -236,7 +236,12 @@ def banner(cfg, plan) -> str:
 def print_footer(
     summary: dict, audit: dict | None, compact: Callable[[dict], None] = print_audit_compact
 ) -> None:
-    """The end of every run summary: the simulator comparison, the compact audit, the run dir."""
+    """The end of every run summary: the references a trained model is judged against, the
+    simulator comparison, the compact audit, the run dir."""
+    from coordinator_free.families.learning.reference import lines as reference_lines
+
+    for line in reference_lines(summary.get("reference")):
+        print(line)
     d = summary["simulator_max_abs_diff"]
     if d is not None:
         print(

@@ -226,7 +226,7 @@ def _task(d: DataSection, m: ModelSection, seed: int, n: int) -> LearningTask:
             if ds.n_classes == 2
             else "multinomial"
         )
-    model = models.make_model(kind, ds.n_features, ds.n_classes, l2=m.l2)
+    model = models.make_model(kind, ds.n_features, ds.n_classes, l2=m.l2, start=m.init or 0.0)
     return LearningTask(dataset=ds, shards=tuple(shards), model=model)
 
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from coordinator_free.accounting.render import fmt, table
 from coordinator_free.families.averaging import render as gossip
+from coordinator_free.families.learning.reference import lines as reference_lines
 from coordinator_free.rundir import models_path
 
 
@@ -113,3 +114,5 @@ def print_simulation(out: dict) -> None:
         f"model={out['model']} ({out['dim']} parameters)"
     )
     print_learning_summary({"results": {"nodes": [], "metrics": out["metrics"]}})
+    for line in reference_lines(out.get("reference")):
+        print(line)

@@ -94,6 +94,8 @@ def validate_learning(cfg, s: str, *, memory: bool = True) -> None:
         raise ConfigError(f"{s}: model.l2 must be >= 0, got {m.l2}")
     if m.kind == "ridge" and m.l2 <= 0:
         raise ConfigError(f'{s}: model.kind = "ridge" needs model.l2 > 0')
+    if m.init is not None and not abs(m.init) <= 1e6:
+        raise ConfigError(f"{s}: model.init must be a number in [-1e6, 1e6], got {m.init}")
     if memory:
         check_memory(s, learning_needs(cfg, s))
 

@@ -83,6 +83,16 @@ class Walk(Family):
 
         return simulate(cfg, plan, streams, **opts)
 
+    def reference(self, cfg):
+        # Sums and histograms carry their truth; a model-carrying walk (walk-sgd) is judged
+        # against the same walks without noise, averaged over the tokens.
+        if cfg.protocol.name not in MODEL_TOKENS:
+            return None
+        from coordinator_free.families.learning.reference import references
+        from coordinator_free.families.walk.render import mean_token_quality
+
+        return references(cfg, lambda c: mean_token_quality(c, self.simulate(c)))
+
     # -------------------------------------------------------------- rendering (CLI output)
 
     render_module = "coordinator_free.families.walk.render"

@@ -11,6 +11,7 @@ import numpy as np
 from coordinator_free.accounting import baseline
 from coordinator_free.accounting.render import capped, fmt, print_baseline, table
 from coordinator_free.families.averaging import render as gossip
+from coordinator_free.families.learning.reference import lines as reference_lines
 
 
 def print_audit(rep: dict) -> None:
@@ -123,6 +124,15 @@ def walk_outcomes(cfg, plan, traces) -> list[dict]:
     return out
 
 
+def mean_token_quality(cfg, sim) -> tuple[float | None, float]:
+    """(test accuracy, test loss) of a model-carrying walk's final models, averaged over its
+    tokens (one token: that token's)."""
+    rows = walk_outcomes(cfg, sim.plan, sim.traces)
+    accs = [r["test_accuracy"] for r in rows]
+    acc = None if any(a is None for a in accs) else float(np.mean(accs))
+    return acc, float(np.mean([r["test_loss"] for r in rows]))
+
+
 def simulator_diff(cfg, plan, run_dir: Path, results: dict, simulate) -> float | None:
     """Add to every completed token the simulator's verdict on it (estimate, truth and error,
     or test accuracy); return max |peer - simulator| over the completed tokens (None if none
@@ -202,3 +212,5 @@ def print_simulation(out: dict) -> None:
         for t in out["tokens"]
     ]
     print(table(["token", "contributions", "ends at", "result"], rows))
+    for line in reference_lines(out.get("reference")):
+        print(line)
