@@ -62,6 +62,8 @@ class Audit:
     observers: list[int] = field(default_factory=list)
     integrity: list = field(default_factory=list)
     upper_bound_observers: list[int] = field(default_factory=list)
+    # central DP (a trusted curator): one loss for every user, no graph to plot it against
+    central: bool = False
 
 
 def _is_num(x: Any) -> bool:
@@ -138,6 +140,7 @@ def load_audit(path: Path) -> Audit:
             audit.pairs.setdefault(m, []).append((v, u, d, float(eps)))
     integrity = doc.get("integrity", [])
     audit.integrity = integrity if isinstance(integrity, list) else [integrity]
+    audit.central = doc.get("central") is True
     for note in doc.get("notes", []) if isinstance(doc.get("notes"), list) else []:
         if isinstance(note, dict) and note.get("kind") == "exact-upper-bound":
             if _is_int(note.get("observer")):
@@ -521,7 +524,14 @@ def render_report(
             + ", ".join(map(str, sorted(set(audit.upper_bound_observers))))
             + " the exact loss is a Krylov upper bound, not the exact value"
         )
-    if not any(u != v for v, u, _d, _e in audit.pairs.get(method, [])):
+    if audit.central:
+        eps = max((e for _v, _u, _d, e in audit.pairs.get(method, [])), default=audit.ldp_eps)
+        notes.append(
+            f"{FILES['distance']} and {FILES['heatmap']} skipped: central DP (a trusted curator, "
+            f"no graph): every user loses the same eps = {eps:.4f} to anyone who sees the "
+            "released models"
+        )
+    elif not any(u != v for v, u, _d, _e in audit.pairs.get(method, [])):
         notes.append(
             f"{FILES['distance']} and {FILES['heatmap']} skipped: audit.json has no "
             f"'{method}' losses between distinct nodes"

@@ -130,3 +130,27 @@ def test_run_summary_carries_the_reference(tmp_path, capsys):
     assert "reference without noise" in text and "trivial reference" in text
     summary = json.loads((out / "summary.json").read_text())
     assert summary["reference"]["trivial"]["test_loss"] == pytest.approx(math.log(2))
+
+
+def test_central_dp_is_presented_as_central_dp(tmp_path, capsys):
+    """No peers, no graph: one loss for every user, said in words, not a table by hop distance
+    (plan, run, audit and report)."""
+    ex = str(EX / "central-dp-breast-cancer.toml")
+    assert main(["plan", ex]) == 0
+    text = capsys.readouterr().out
+    assert "central DP (a trusted curator, no peers, no graph): every user loses eps = 39.7931" in (
+        text.replace("\n  ", " ")
+    )
+    assert "dist  pairs" not in text and "spectral gap" not in text
+    out = tmp_path / "run"
+    assert main(["run", ex, "--out", str(out), "--quiet", "--set", "protocol.rounds=3"]) == 0
+    text = capsys.readouterr().out
+    assert "central DP" in text and "pairwise network DP" not in text
+    assert main(["audit", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "central DP" in text and "eps_(u->v)" not in text and "log(s) intact" not in text
+    from coordinator_free import report
+
+    res = report.render_report(out)
+    assert [Path(f).name for f in res["files"]] == ["accuracy.png"]
+    assert any("central DP" in n and "skipped" in n for n in res["notes"])

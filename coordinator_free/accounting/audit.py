@@ -47,6 +47,7 @@ def plan_report(cfg: config_mod.Config, *, source: int | None, method: str) -> d
     fam = family_of(cfg.protocol.name)
     rep = fam.plan_report(cfg, fam.make_plan(cfg), source=source, method=method)
     if not fam.has_peers(cfg):
+        rep["central"] = True  # one curator, no graph: the same loss towards everyone
         return rep
     return baseline.annotate_plan(rep, neighbours_see_values=not fam.walks(cfg))
 
@@ -90,6 +91,7 @@ def audit_run(run_dir: str | Path, *, observers: list[int] | None = None) -> dic
     wanted = list(range(plan.n)) if observers is None else observers
     rep = floor(rep, fam, cfg, plan, wanted, failed=failed is not None)
     if not fam.has_peers(cfg):
+        rep["central"] = True  # one curator, no graph: the same loss towards everyone
         return rep
     return baseline.annotate_audit(rep, neighbours_see_values=not fam.walks(cfg))
 

@@ -82,12 +82,39 @@ def audit_marks(rep: dict, method: str) -> dict[tuple[int, int], str]:
     }
 
 
+def central_eps(rep: dict) -> float:
+    """The one loss of a central-DP report: its worst pair (plan) or its largest audited loss."""
+    if "worst_pair" in rep:
+        return float(rep["worst_pair"]["eps"])
+    return max(float(x["eps"]) for o in rep["observers"] for x in o["losses"])
+
+
+def print_central(rep: dict, *, width: int = 100) -> None:
+    """What a central-DP (trusted curator) report means: one loss, the same for every pair."""
+    lines = [
+        f"central DP (a trusted curator, no peers, no graph): every user loses eps = "
+        f"{fmt(central_eps(rep))} at delta={rep['delta']:g} to anyone who sees the released "
+        "models, whoever they are; pairs and graph distances do not apply.",
+        "At equal sigma this is the local-DP loss (one Gaussian mechanism per round), but the "
+        "curator's noise is on the sum of the n clipped gradients, so the model carries n times "
+        "less noise than under local DP; the price is trusting the curator with every raw "
+        "gradient.",
+    ]
+    for line in lines:
+        print(textwrap.fill(line, width=width, subsequent_indent="  "))
+
+
 def print_audit(rep: dict) -> None:
     n = rep["n"]
     print(
         f"audit of {rep['run_dir']}: n={n} steps={rep['steps']} fault-free={rep['fault_free']} "
         f"alpha={rep['alpha']} delta={rep['delta']:g}  (LDP eps={fmt(rep['ldp']['eps'])})"
     )
+    if rep.get("central"):
+        print_central(rep)
+        print_faults(rep)
+        print_integrity(rep, logs=False)
+        return
     if "secldp" in rep:
         print_secldp(rep)
         rp = rep["secldp"]["realised_pairs"]
@@ -95,7 +122,6 @@ def print_audit(rep: dict) -> None:
             f"pairs whose noise cancelled: {rp['matched_pairs_min']}..{rp['matched_pairs_max']} "
             "per round; pairwise below: observer = a curious user"
         )
-    observers = [o["observer"] for o in rep["observers"]]
     used: set[str] = set()
     for method in ("exact", "paper"):
         obs, cells = audit_matrix(rep, method)
@@ -145,6 +171,13 @@ def print_audit(rep: dict) -> None:
         if x.get("kind") == "no-floor":
             print(f"note: {x['message']}")
     print_faults(rep)
+    print_integrity(rep, logs=True)
+
+
+def print_integrity(rep: dict, *, logs: bool) -> None:
+    """The integrity findings of an audit or, when there are none and the run has view logs,
+    that they all check out."""
+    observers = [o["observer"] for o in rep["observers"]]
     if rep["integrity"]:
         print(
             f"\nintegrity findings ({len(rep['integrity'])}): the schedule of the nodes named "
@@ -159,7 +192,7 @@ def print_audit(rep: dict) -> None:
                 "every loss above is at least the fault-free plan's: entries the logs cannot "
                 "certify are raised to it (or to the worst case)"
             )
-    else:
+    elif logs:
         print(
             f"\nintegrity: {len(observers)} log(s) intact, every received value matches its sender's log"
         )

@@ -15,7 +15,7 @@ import numpy as np
 
 from coordinator_free.accounting import baseline
 from coordinator_free.accounting import render as _generic_audit
-from coordinator_free.accounting.render import capped, fmt, print_baseline, table
+from coordinator_free.accounting.render import capped, fmt, print_baseline, print_central, table
 
 # ------------------------------------------------------------------------------------ plan
 
@@ -29,16 +29,23 @@ def print_gossip_plan(
     """The plan of a gossip protocol. ``detail`` prints the family's schedule line after the
     header; ``extra`` prints its guarantees after the LDP baseline and returns False when the
     pairwise part is not to follow."""
+    graph = (
+        ""
+        if rep.get("central")
+        else f"steps={rep['steps']}  accelerated={rep['accelerated']}  "
+        f"spectral gap={rep['spectral_gap']:.4g}  "
+    )
     print(
-        f"n={rep['n']}  steps={rep['steps']}  accelerated={rep['accelerated']}  "
-        f"spectral gap={rep['spectral_gap']:.4g}  method={rep['method']}  alpha={rep['alpha']}  "
-        f"delta={rep['delta']:g}"
+        f"n={rep['n']}  {graph}method={rep['method']}  alpha={rep['alpha']}  delta={rep['delta']:g}"
     )
     if detail is not None:
         detail(rep)
     print(f"LDP baseline: rdp={fmt(rep['ldp']['rdp'])}  eps={fmt(rep['ldp']['eps'])}")
     if rep.get("accounting"):
         print(f"accounting: {rep['accounting']}")
+    if rep.get("central"):
+        print_central(rep)
+        return
     if extra is not None and not extra(rep):
         return
     if rep.get("private_graph_bound"):
@@ -125,6 +132,9 @@ print_audit = _generic_audit.print_audit
 def print_audit_compact(audit: dict, *, extra: Callable[[dict], None] | None = None) -> None:
     """PNDP table by graph distance: mean and max eps over pairs, both methods (paper capped at
     local DP, marked), how many pairs are below local DP, then what it means in words."""
+    if audit.get("central"):
+        print_central(audit)
+        return
     ldp_eps = audit["ldp"]["eps"]
     by: dict[tuple[str, int], list[float]] = {}
     raw_above: dict[int, int] = {}
