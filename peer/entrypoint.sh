@@ -4,7 +4,8 @@
 #   keygen --nodes N [--port P]  one-shot: a key per node into /cfree/keys/<i>, the roster and
 #                                the config (/cfree/config.toml) into the run dir /cfree/run
 #   peer                         node $CFREE_NODE_ID: its key from /cfree/key, listening on
-#                                0.0.0.0:$CFREE_PORT (default 7000), logs into /cfree/run
+#                                0.0.0.0:$CFREE_PORT (default 7000), logs into /cfree/run;
+#                                a step line at most every $CFREE_PROGRESS_EVERY s (default 5)
 #   audit                        replay /cfree/run's view logs, write /cfree/run/audit.json
 #   anything else                passed to `cfree` (e.g. `plan`, `--help`)
 set -eu
@@ -24,6 +25,7 @@ case "$role" in
       --out /cfree/run \
       --listen "0.0.0.0:${CFREE_PORT:-7000}" \
       --progress-fd 1 \
+      --progress-every "${CFREE_PROGRESS_EVERY:-5}" \
       "$@"
     ;;
   *)

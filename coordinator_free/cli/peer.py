@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 
@@ -26,7 +27,26 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--listen-fd", type=int, help="inherited listening socket (set by the launcher)")
     p.add_argument("--progress-fd", type=int, help="write JSON-lines progress events to this fd")
+    p.add_argument(
+        "--progress-every",
+        type=_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="write at most one step event per SECONDS (the last step always; other events as "
+        "they come); 0, the default, writes every event, as the local launcher needs. The peer "
+        "image uses 5: a container's output stays readable",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"expected 0..86400 seconds, got {text}")
+    return value
 
 
 def cmd_peer(args) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from coordinator_free import config as config_mod
+from coordinator_free import progress
 from coordinator_free.cli.common import CliError, _emit, add_config_args
 from coordinator_free.families import family_of
 
@@ -56,9 +57,11 @@ def cmd_plan(args) -> int:
     if args.target_eps is not None:
         if args.source is not None:
             raise CliError("--target-eps calibrates over all pairs; drop --source")
-        rep = calibrate(
-            cfg, args.target_eps, method=args.method, budget=args.budget, decor_pair=args.pair
-        )
+        with progress.reporting("cfree plan"):  # on a terminal only
+            rep = calibrate(
+                cfg, args.target_eps, method=args.method, budget=args.budget, decor_pair=args.pair
+            )
         return _emit(args, rep, family.print_calibration)
-    rep = plan_report(cfg, source=args.source, method=args.method)
+    with progress.reporting("cfree plan"):
+        rep = plan_report(cfg, source=args.source, method=args.method)
     return _emit(args, rep, family.print_plan)

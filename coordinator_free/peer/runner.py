@@ -18,6 +18,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -78,15 +79,30 @@ class PeerResult:
 
 
 class Progress:
-    """JSON-lines progress events on a file descriptor (read by the local launcher)."""
+    """JSON-lines progress events on a file descriptor (read by the local launcher).
 
-    def __init__(self, fd: int | None):
+    ``every_s > 0`` thins the ``step`` events to at most one per ``every_s`` seconds (the last
+    step is always written), for a human reading a container's output; every other event is
+    written as it comes. The local launcher reads every event (``every_s = 0``)."""
+
+    def __init__(self, fd: int | None, every_s: float = 0.0):
         self._f = os.fdopen(fd, "w", buffering=1) if fd is not None else None
         # Set when the reader of the events (the launcher) has gone away: a peer started by a
         # launcher stops instead of running on as an orphan.
         self.reader_gone = False
+        self._every_s = every_s
+        self._last_step = -math.inf
 
     def emit(self, **event) -> None:
+        if (
+            self._every_s > 0
+            and event.get("event") == "step"
+            and event.get("step") != event.get("of")
+        ):
+            now = time.monotonic()
+            if now - self._last_step < self._every_s:
+                return
+            self._last_step = now
         if self._f is not None:
             try:
                 self._f.write(json.dumps(event) + "\n")
@@ -417,7 +433,7 @@ def peer_main(args) -> int:
         except (ValueError, OSError) as exc:
             print(f"cfree peer: --listen {args.listen}: {exc}", file=sys.stderr)
             return 2
-    progress = Progress(args.progress_fd)
+    progress = Progress(args.progress_fd, args.progress_every)
     ignore_fault_signals()
     try:
         _run_loop(

@@ -67,6 +67,8 @@ from fractions import Fraction
 import numpy as np
 import scipy.sparse as sp
 
+from coordinator_free import progress
+
 __all__ = [
     "DROP_TOL",
     "KEEP_TOL",
@@ -720,6 +722,7 @@ def plan_factors(
             q = _lanczos_basis(ws, [v, *_neighbours(w, v)], n, steps, ranks)
             qs = q[src]
             out[i] = np.clip(np.einsum("ij,ij->i", qs, qs), 0.0, 1.0)
+            progress.tick(i + 1, obs.size, "exact loss, observer")
         out[obs[:, None] == src[None, :]] = 1.0
         return out
     if method == "paper":
@@ -730,11 +733,12 @@ def plan_factors(
         adj.data[:] = 1.0
         adj_obs = adj[obs]
         acc = np.zeros((obs.size, src.size))
-        for _, c in _chebyshev_columns(ws, np.eye(n), steps, g):
+        for t, (_, c) in enumerate(_chebyshev_columns(ws, np.eye(n), steps, g)):
             # C_t is symmetric: row norms are column norms.
             norms = np.einsum("ij,ij->j", c, c)
             cs = c[:, src] if sources is not None else c
             acc += adj_obs @ (cs * cs / norms[:, None])
+            progress.tick(t + 1, steps, "Eq. (6), gossip step")
         return acc
     raise ValueError(f"unknown method {method!r}; expected 'exact' or 'paper'")
 
@@ -747,10 +751,12 @@ def plan_exact_diagnostics(
     n = w.shape[0]
     ws = sp.csr_matrix(w)
     out = RankDiagnostics(0, math.inf, 0.0, 0)
-    for v in range(n) if observers is None else observers:
+    todo = list(range(n) if observers is None else observers)
+    for i, v in enumerate(todo):
         ranks = _Ranks(False, f"observer {v}")
         q = _lanczos_basis(ws, [v, *_neighbours(w, v)], n, steps, ranks)
         out = out.merge(ranks.diagnostics(q.shape[1]))
+        progress.tick(i + 1, len(todo), "rank checks, observer")
     return out
 
 

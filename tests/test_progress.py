@@ -1,0 +1,78 @@
+"""Progress output: the planner's terminal progress line and the peer's thinned step events."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import networkx as nx
+import numpy as np
+import pytest
+
+from coordinator_free import graphs, progress
+from coordinator_free.cli import main
+from coordinator_free.peer.runner import Progress
+from coordinator_free.privacy import muffliato
+
+
+def _ring_w(n: int) -> np.ndarray:
+    return graphs.gossip_matrix(nx.cycle_graph(n))
+
+
+def test_planner_ticks_every_observer_when_reporting():
+    buf = io.StringIO()
+    w = _ring_w(12)
+    with progress.reporting("plan", buf, every_s=0.0, enabled=True):
+        muffliato.plan_factors(w, 5, False, method="exact")
+    text = buf.getvalue()
+    shown = [x for x in text.split("\r") if x.startswith("plan: ")]
+    assert len(shown) == 12
+    assert shown[-1].startswith("plan: exact loss, observer 12/12")
+    assert text.endswith("\r\033[K")  # the line is cleared at the end
+
+
+def test_reporting_is_silent_off_a_terminal_and_ticks_are_free_outside_it():
+    buf = io.StringIO()  # not a terminal
+    with progress.reporting("plan", buf):
+        muffliato.plan_factors(_ring_w(8), 4, False, method="paper")
+    assert buf.getvalue() == ""
+    progress.tick(1, 2, "nothing listening")  # outside any block: a no-op
+
+
+def test_reporting_throttles_but_always_shows_the_last_unit():
+    buf = io.StringIO()
+    with progress.reporting("x", buf, every_s=3600.0, enabled=True):
+        for i in range(1, 101):
+            progress.tick(i, 100, "unit")
+    shown = [x for x in buf.getvalue().split("\r") if x.startswith("x: ")]
+    assert [s.split()[2] for s in shown] == ["1/100", "100/100"]
+
+
+def _events(every_s: float, steps: int) -> list[dict]:
+    r, w = os.pipe()
+    prog = Progress(w, every_s)
+    prog.emit(event="listening", node=0, port=1)
+    for t in range(1, steps + 1):
+        prog.emit(event="step", node=0, step=t, of=steps)
+    prog.emit(event="finished", node=0, elapsed_s=1.0)
+    prog.close()
+    with os.fdopen(r) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_peer_progress_thins_step_events_only_when_asked():
+    every = _events(0.0, 200)  # the local launcher's mode: every event
+    assert [e["step"] for e in every if e["event"] == "step"] == list(range(1, 201))
+    thin = _events(3600.0, 200)  # the peer image's mode
+    assert [e["event"] for e in thin] == ["listening", "step", "step", "finished"]
+    assert [e["step"] for e in thin if e["event"] == "step"] == [1, 200]
+
+
+@pytest.mark.parametrize("bad", ["-1", "soon", "1e9"])
+def test_progress_every_is_validated(bad, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["peer", "--config", "c", "--roster", "r", "--key", "k", "--id", "0", "--out", "o",
+              "--progress-every", bad])  # fmt: skip
+    assert exc.value.code == 2
+    assert "--progress-every" in capsys.readouterr().err
