@@ -455,7 +455,7 @@ def current_audit(run_dir: Path, notes: list[str], *, trust: bool = False) -> Pa
                 )
             notes.append(f"{path.name} plotted as it stands (--trust-audit): its logs are gone")
         elif state in ("missing", "stale"):
-            if audit_mod.logs_fingerprint(run_dir)["files"] == 0 and state == "missing":
+            if state == "missing" and not rundir.view_logs(run_dir):
                 cfg, _plan = audit_mod.load_run(run_dir)
                 from coordinator_free.families import family_of
 

@@ -66,6 +66,11 @@ def logs_dir(run_dir: str | os.PathLike) -> Path:
     return Path(run_dir) / LOGS
 
 
+def view_logs(run_dir: str | os.PathLike) -> list[Path]:
+    """The view logs present in a run directory (``logs/node-*.vlog``), in name order."""
+    return sorted(logs_dir(run_dir).glob("node-*.vlog"))
+
+
 def log_path(run_dir: str | os.PathLike, node: int) -> Path:
     return logs_dir(run_dir) / f"node-{node}.vlog"
 

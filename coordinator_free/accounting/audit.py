@@ -120,7 +120,7 @@ def logs_fingerprint(run_dir: str | Path) -> dict:
     """The view logs of a run as they are now: how many, their total size and one SHA-256 over
     their names, sizes and bytes (in name order)."""
     h = hashlib.sha256()
-    files = sorted(rundir.logs_dir(run_dir).glob("node-*.vlog"))
+    files = rundir.view_logs(run_dir)
     total = 0
     for f in files:
         size = f.stat().st_size

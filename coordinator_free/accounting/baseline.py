@@ -41,9 +41,15 @@ LEGEND = (
 )
 
 
-def below(eps: float, ldp_eps: float) -> bool:
-    """Whether a loss is strictly below the local-DP loss (amplified)."""
+def below(eps, ldp_eps):
+    """Whether a loss is strictly below the local-DP loss (amplified); element-wise on arrays."""
     return eps < ldp_eps * (1.0 - REL_TOL)
+
+
+def above(value, ldp_value):
+    """Whether a value (a paper formula's loss) is strictly above the local-DP one; element-wise
+    on arrays."""
+    return value > ldp_value * (1.0 + REL_TOL)
 
 
 def _is_num(x) -> bool:
@@ -53,13 +59,13 @@ def _is_num(x) -> bool:
 def cap_entry(entry: dict, ldp: dict) -> bool:
     """Add ``<key>_usable = min(<key>, local DP)`` to ``entry`` for each capped key it has;
     return whether any of them was above local DP."""
-    above = False
+    exceeds = False
     for key, ldp_key in _CAPPED:
         have, bound = entry.get(key), ldp.get(ldp_key)
         if _is_num(have) and _is_num(bound):
             entry[f"{key}_usable"] = min(float(have), float(bound))
-            above = above or float(have) > float(bound) * (1.0 + REL_TOL)
-    return above
+            exceeds = exceeds or above(float(have), float(bound))
+    return exceeds
 
 
 def _ldp(rep: dict) -> dict | None:
@@ -87,15 +93,15 @@ def annotate_plan(rep: dict, *, neighbours_see_values: bool = True) -> dict:
         entries = [x for x in rep["losses"] if isinstance(x, dict)]
     rows = [r for r in rep.get("by_distance") or [] if isinstance(r, dict)]
     if method == "paper":
-        above = sum(cap_entry(x, ldp) for x in entries)
+        n_above = sum(cap_entry(x, ldp) for x in entries)
         for r in rows:
             cap_entry(r, ldp)
         for key in ("worst_pair", "mean_over_pairs", "max_observer_mean"):
             if isinstance(rep.get(key), dict):
                 cap_entry(rep[key], ldp)
         if not entries and rows and all("above_ldp" in r for r in rows):
-            above = sum(int(r["above_ldp"]) for r in rows)
-        block["paper_above_ldp"] = above
+            n_above = sum(int(r["above_ldp"]) for r in rows)
+        block["paper_above_ldp"] = n_above
     if entries:
         eps = [float(x["eps"]) for x in entries if _is_num(x.get("eps"))]
         block.update(_counts(eps, ldp_eps, ((x.get("distance"), x["eps"]) for x in entries)))
@@ -129,20 +135,20 @@ def annotate_audit(rep: dict, *, neighbours_see_values: bool = True) -> dict:
         return rep
     ldp_eps = float(ldp["eps"])
     exact: list[tuple] = []
-    above = 0
+    n_above = 0
     for o in rep["observers"]:
         for x in o.get("losses") or []:
             if not isinstance(x, dict):
                 continue
             if x.get("method") == "paper":
-                above += cap_entry(x, ldp)
+                n_above += cap_entry(x, ldp)
             elif x.get("method") == "exact" and _is_num(x.get("eps")):
                 exact.append((x.get("distance"), float(x["eps"])))
     block = {
         "ldp_eps": ldp_eps,
         "method": "exact",
         "neighbours_see_values": neighbours_see_values,
-        "paper_above_ldp": above,
+        "paper_above_ldp": n_above,
     }
     block.update(_counts([e for _, e in exact], ldp_eps, exact))
     rep["baseline"] = block
@@ -160,15 +166,15 @@ def explain(block: dict | None) -> list[str]:
         f"local DP is eps = {ldp:.4g}: what each node would lose to anyone who saw its noisy "
         "values directly, the most any view can reveal."
     ]
-    above = block.get("paper_above_ldp")
+    n_above = block.get("paper_above_ldp")
     if block.get("method") == "paper":
         out.append(
             f"the paper's formula is below local DP for {amp} of {pairs} ordered pairs "
             "(source -> observer)"
             + (
-                f"; for {above} it is above, and local DP, the valid bound, is shown there "
+                f"; for {n_above} it is above, and local DP, the valid bound, is shown there "
                 "(marked ^)."
-                if above
+                if n_above
                 else "."
             )
             + " --method exact gives the exact loss of each observer's whole view."
@@ -198,9 +204,9 @@ def explain(block: dict | None) -> list[str]:
             "needs more nodes than an observer's view can pin down: a larger or sparser graph, "
             "fewer steps (docs/privacy.md)."
         )
-    if above:
+    if n_above:
         out.append(
-            f"the paper's formula exceeds local DP for {above} pair(s); local DP is the valid "
+            f"the paper's formula exceeds local DP for {n_above} pair(s); local DP is the valid "
             "bound there, and that is what the paper columns show (marked ^)."
         )
     return out

@@ -28,7 +28,7 @@ def capped(entry: dict, key: str) -> str:
     raw, use = entry.get(key), entry.get(f"{key}_usable")
     if use is None or raw is None:
         return fmt(raw)
-    return fmt(use) + (baseline.MARK if raw > use * (1.0 + baseline.REL_TOL) else "")
+    return fmt(use) + (baseline.MARK if baseline.above(raw, use) else "")
 
 
 def print_baseline(rep: dict, *, width: int = 100) -> None:
@@ -130,7 +130,7 @@ def print_audit(rep: dict) -> None:
         # A paper entry above local DP is shown as local DP, the usable bound, marked ^.
         _, usable = audit_matrix(rep, method, "eps_usable")
         for pair, use in usable.items():
-            if cells[pair] > use * (1.0 + baseline.REL_TOL):
+            if baseline.above(cells[pair], use):
                 marks[pair] = marks.get(pair, "") + baseline.MARK
                 used.add(baseline.MARK)
         cells.update(usable)

@@ -343,8 +343,8 @@ def summarise(plan: mf.MuffliatoPlan, F: np.ndarray, u: Units) -> dict:
                 "rdp_max": u.loss(s["max"])["rdp"],
                 "eps_max": u.loss(s["max"])["eps"],
                 # pairs below the local-DP loss, and above it (a paper formula can be)
-                "amplified": int(np.count_nonzero(F[at] < lf * (1.0 - baseline.REL_TOL))),
-                "above_ldp": int(np.count_nonzero(F[at] > lf * (1.0 + baseline.REL_TOL))),
+                "amplified": int(np.count_nonzero(baseline.below(F[at], lf))),
+                "above_ldp": int(np.count_nonzero(baseline.above(F[at], lf))),
             }
         )
     off = np.where(np.eye(n, dtype=bool), -np.inf, F)

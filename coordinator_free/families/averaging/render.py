@@ -275,16 +275,13 @@ def print_summary(summary: dict, audit: dict | None) -> None:
     fin = [r for r in nodes if r["finished"]]
 
     def row(label: str, r: dict) -> list[str]:
+        if not r.get("finished", True):
+            return [label, "-", "-", "-", "-", "did not finish"]
         return [label, fmt(r["error"]), f"{r['steps_per_s']:.1f}", str(r["bytes_sent"]),
                 str(r["bytes_received"]), str(r["missed"])]  # fmt: skip
 
     if len(nodes) <= PER_NODE_ROWS_MAX:
-        rows = [
-            row(str(r["node"]), r) if r["finished"] else [str(r["node"]), "-", "-", "-", "-",
-                                                          "did not finish"]
-            for r in nodes
-        ]  # fmt: skip
-        print(table(head, rows))
+        print(table(head, [row(str(r["node"]), r) for r in nodes]))
     else:
         # Many nodes: the spread over the nodes that finished, then every node that stands out
         # (did not finish, or missed a deadline). Each node's numbers: summary.json.
@@ -296,12 +293,7 @@ def print_summary(summary: dict, audit: dict | None) -> None:
                 rows.append(row(label, {k: stat[k] if k in ("error", "steps_per_s") else
                                         int(round(float(stat[k]))) for k in keys}))  # fmt: skip
         odd = [r for r in nodes if not r["finished"] or r["missed"]]
-        for r in odd:
-            rows.append(
-                row(f"node {r['node']}", r)
-                if r["finished"]
-                else [f"node {r['node']}", "-", "-", "-", "-", "did not finish"]
-            )
+        rows += [row(f"node {r['node']}", r) for r in odd]
         print(f"{len(nodes)} nodes, {len(fin)} finished; each node's numbers are in summary.json")
         print(table(["over nodes", *head[1:]], rows))
     if fin:

@@ -381,7 +381,7 @@ def summarise(plan: wk.WalkPlan, cells: dict, dist: np.ndarray) -> dict:
                 "eps_max": stat("eps", np.max),
                 # pairs below the local-DP loss, and above it (a paper theorem can be)
                 "amplified": sum(1 for x in xs if baseline.below(x["eps"], ldp_eps)),
-                "above_ldp": sum(1 for x in xs if x["eps"] > ldp_eps * (1.0 + baseline.REL_TOL)),
+                "above_ldp": sum(1 for x in xs if baseline.above(x["eps"], ldp_eps)),
             }
         )
     pairs = [(v, u) for v in range(n) for u in range(n) if u != v]

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coordinator_free.accounting import baseline
-from coordinator_free.accounting.render import capped, fmt, print_baseline, table
+from coordinator_free.accounting.render import capped, fmt, table
 from coordinator_free.families.averaging import render as gossip
 from coordinator_free.families.learning.reference import lines as reference_lines
 
@@ -50,7 +49,7 @@ def print_plan(rep: dict) -> None:
         ]  # fmt: skip
         print(f"losses from source {rep['source']}:")
         print(table(["observer", "dist", "factor", "rdp", "eps"], rows))
-        print_plan_ending(rep)
+        gossip.print_plan_ending(rep)
         return
     rows = [
         [str(r["distance"]), str(r["pairs"]), fmt(r["factor_mean"]), fmt(r["factor_max"]),
@@ -66,14 +65,7 @@ def print_plan(rep: dict) -> None:
     w = rep["worst_pair"]
     print(f"worst pair: {w['source']} -> {w['observer']}  eps={capped(w, 'eps')}")
     print(f"mean over pairs: eps={capped(rep['mean_over_pairs'], 'eps')}")
-    print_plan_ending(rep)
-
-
-def print_plan_ending(rep: dict) -> None:
-    """The legend of capped values and the plan's reading against local DP."""
-    if rep.get("baseline", {}).get("paper_above_ldp"):
-        print(baseline.LEGEND)
-    print_baseline(rep)
+    gossip.print_plan_ending(rep)
 
 
 def print_calibration(rep: dict) -> None:
