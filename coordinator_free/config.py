@@ -41,6 +41,18 @@ RUN_DEFAULT_CONFIG = Path(__file__).parent / "examples" / "muffliato-hypercube.t
 DATA_KINDS = VALUE_KINDS + CATEGORY_KINDS + DATASET_KINDS
 #: Graph kinds that graph.resample can draw afresh every round.
 RESAMPLE_KINDS = ("erdos_renyi", "geometric")
+#: Graph kinds whose size is graph.nodes (the others: 2^dim, rows x cols, the edge list's).
+SIZED_BY_NODES = ("ring", "path", "complete", "star", "erdos_renyi", "geometric")
+#: The graph keys that only some kinds read, and the kinds that read them.
+GRAPH_KEY_KINDS = {
+    "nodes": SIZED_BY_NODES,
+    "dim": ("hypercube",),
+    "rows": ("grid", "torus"),
+    "cols": ("grid", "torus"),
+    "p": ("erdos_renyi",),
+    "radius": ("geometric",),
+    "path": ("edgelist",),
+}
 
 
 @dataclass(frozen=True)
@@ -220,7 +232,7 @@ class Config:
 
     def graph_n(self) -> int:
         g = self.graph
-        if g.kind in ("ring", "path", "complete", "star", "erdos_renyi", "geometric"):
+        if g.kind in SIZED_BY_NODES:
             return int(g.nodes)
         if g.kind in ("grid", "torus"):
             return int(g.rows) * int(g.cols)
@@ -430,11 +442,38 @@ def load(
         if not isinstance(have, list):
             raise ConfigError(f"{source}: faults.inject must be a list of strings, got {have!r}")
         sec["inject"] = [*have, *faults]
+    _refuse_ignored_graph_overrides(data, overrides, source)
     if overrides:
         source = f"{source} (with --set {' '.join(overrides)})"
     if faults:
         source = f"{source} (with --fault {' '.join(faults)})"
     return from_dict(data, source=source)
+
+
+def _refuse_ignored_graph_overrides(data: dict, overrides, source: str) -> None:
+    """An override of a graph key that the graph's kind does not read would change nothing
+    (``--set graph.nodes=6`` on a hypercube): refuse it instead of running another graph than
+    the one asked for. Keys written in a file are left alone (a resolved config spells out
+    every key)."""
+    graph = data.get("graph")
+    kind = graph.get("kind", GraphSection.kind) if isinstance(graph, dict) else GraphSection.kind
+    if not isinstance(kind, str) or kind not in GRAPH_KINDS:
+        return  # validate() names the unknown kind
+    for ov in overrides:
+        section, key, _ = parse_override(ov)
+        kinds = GRAPH_KEY_KINDS.get(key) if section == "graph" else None
+        if kinds and kind not in kinds:
+            size = {
+                "hypercube": "its size is 2^graph.dim",
+                "grid": "its size is graph.rows x graph.cols",
+                "torus": "its size is graph.rows x graph.cols",
+                "edgelist": "its size is that of the file graph.path",
+            }.get(kind, "its size is graph.nodes")
+            raise ConfigError(
+                f"{source}: --set {ov} changes nothing: graph.kind is {kind!r} ({size}); "
+                f"graph.{key} is read only by {', '.join(kinds)} graphs (add e.g. "
+                f"--set graph.kind={kinds[0]})"
+            )
 
 
 MAX_NODES = 1 << 16  # the plan keeps dense n x n matrices
@@ -456,7 +495,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"{s}: graph.kind {g.kind!r} unknown; choose one of {', '.join(GRAPH_KINDS)}"
         )
-    if g.kind in ("ring", "path", "complete", "star", "erdos_renyi", "geometric"):
+    if g.kind in SIZED_BY_NODES:
         positive_int(s, "graph.nodes", g.nodes, 3 if g.kind == "ring" else 2)
     if g.kind in ("grid", "torus"):
         positive_int(s, "graph.rows", g.rows)
@@ -481,7 +520,7 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f'{s}: graph.path is required for kind = "edgelist"')
         if not Path(g.path).is_file():
             raise ConfigError(f"{s}: graph.path {g.path} is not a file")
-    if g.kind in ("ring", "path", "complete", "star", "erdos_renyi", "geometric"):
+    if g.kind in SIZED_BY_NODES:
         if g.nodes > MAX_NODES:
             raise ConfigError(f"{s}: graph.nodes {g.nodes} is above the limit {MAX_NODES}")
     if g.kind in ("grid", "torus") and g.rows * g.cols > MAX_NODES:

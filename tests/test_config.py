@@ -1,5 +1,7 @@
 from pathlib import Path
 
+import re
+
 import pytest
 
 from coordinator_free import config
@@ -105,3 +107,30 @@ def test_text_keys_take_the_raw_override_text(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = config.load(None, ["graph.kind=edgelist", "graph.path=g.txt"])
     assert cfg.graph.path == str(tmp_path / "g.txt") and cfg.graph_n() == 3
+
+
+@pytest.mark.parametrize(
+    "base, overrides, fragment",
+    [
+        (config.RUN_DEFAULT_CONFIG, ["graph.nodes=6"], "graph.kind is 'hypercube' (its size is 2^"),
+        (None, ["graph.dim=3"], "graph.dim is read only by hypercube graphs"),
+        (None, ["graph.p=0.3"], "add e.g. --set graph.kind=erdos_renyi"),
+        (None, ["graph.kind=torus", "graph.nodes=9"], "graph.rows x graph.cols"),
+        (None, ["graph.kind=hypercube", "graph.rows=2"], "--set graph.rows=2 changes nothing"),
+    ],
+)
+def test_an_override_the_graph_kind_ignores_is_refused(base, overrides, fragment):
+    """`--set graph.nodes=6` on the 64-node hypercube would silently run 64 nodes."""
+    with pytest.raises(config.ConfigError, match=re.escape(fragment)):
+        config.load(base, overrides)
+
+
+def test_keys_of_other_graph_kinds_in_a_file_or_with_the_kind_are_accepted(tmp_path):
+    # A resolved config spells out every key; only an explicit override is checked.
+    written = tmp_path / "c.toml"
+    written.write_text(config.load(None, ["graph.kind=hypercube", "graph.dim=3"]).to_toml())
+    assert config.load(written).graph_n() == 8
+    cfg = config.load(config.RUN_DEFAULT_CONFIG, ["graph.kind=ring", "graph.nodes=6"])
+    assert cfg.graph_n() == 6
+    cfg = config.load(None, ["graph.kind=erdos_renyi", "graph.nodes=10", "graph.p=0.5"])
+    assert cfg.graph_n() == 10

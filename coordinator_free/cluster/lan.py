@@ -322,7 +322,7 @@ def plan_deployment(
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
     from coordinator_free import roster as roster_mod
-    from coordinator_free.config import NAME_CHARS
+    from coordinator_free.config import NAME_CHARS, SIZED_BY_NODES
     from coordinator_free.families import family_of, make_plan
 
     plan = make_plan(cfg)
@@ -334,7 +334,7 @@ def plan_deployment(
     if plan.n != len(hosts):
         g = cfg.graph
         least = 3 if g.kind == "ring" else 2
-        if g.kind not in ("ring", "path", "complete", "star", "erdos_renyi", "geometric"):
+        if g.kind not in SIZED_BY_NODES:
             how = "change the graph or the hosts"
         elif len(hosts) < least:
             how = (
