@@ -3,8 +3,9 @@
 #
 #   keygen --nodes N [--port P]  one-shot: a key per node into /cfree/keys/<i>, the roster and
 #                                the config (/cfree/config.toml) into the run dir /cfree/run
-#   peer                         node $CFREE_NODE_ID: its key from /cfree/key, listening on
-#                                0.0.0.0:$CFREE_PORT (default 7000), logs into /cfree/run;
+#   peer                         node $CFREE_NODE_ID: its key from /cfree/key ($CFREE_KEY_DIR),
+#                                listening on 0.0.0.0:$CFREE_PORT (default 7000), logs into
+#                                /cfree/run; it does not start when keygen refused (REFUSED);
 #                                a step line at most every $CFREE_PROGRESS_EVERY s (default 5)
 #   audit                        replay /cfree/run's view logs, write /cfree/run/audit.json
 #   anything else                passed to `cfree` (e.g. `plan`, `--help`)
@@ -17,10 +18,18 @@ case "$role" in
     ;;
   peer)
     id=${CFREE_NODE_ID:?set CFREE_NODE_ID to this peer node id}
+    keydir=${CFREE_KEY_DIR:-/cfree/key}
+    # keygen leaves REFUSED (the reason) in every key volume when it made no keys: say why
+    # and do not start. Status 0, because Compose v1 shows no output at all once a service
+    # that others depend on fails; nothing ran, and the auditor then leaves the run alone.
+    if [ -f "$keydir/REFUSED" ]; then
+      echo "cfree peer $id: not started: $(cat "$keydir/REFUSED")" >&2
+      exit 0
+    fi
     exec cfree peer \
       --config /cfree/run/config.toml \
       --roster /cfree/run/roster.json \
-      --key "/cfree/key/node-$id.key" \
+      --key "$keydir/node-$id.key" \
       --id "$id" \
       --out /cfree/run \
       --listen "0.0.0.0:${CFREE_PORT:-7000}" \

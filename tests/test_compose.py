@@ -188,6 +188,44 @@ def test_keygen_role_writes_one_key_per_volume_and_refuses_an_old_run(tmp_path):
     assert ros2.run_id != ros.run_id and len(list((keys / "0").iterdir())) == 1
 
 
+def test_a_refusing_keygen_tells_every_peer_why_and_no_peer_starts(tmp_path):
+    """Compose v1 shows no output once a dependency fails, so keygen leaves its reason in every
+    key volume and succeeds; each peer's entrypoint prints it and ends without starting."""
+    cfg_path = tmp_path / "config.toml"
+    cfg_path.write_text(config.load(None, ["graph.nodes=3"]).to_toml())
+    run, keys = tmp_path / "run", tmp_path / "keys"
+    assert compose.keygen_main(3, 7000, config_path=cfg_path, run_dir=run, keys_root=keys) == 0
+    roster_before = (run / "roster.json").read_bytes()
+    key_before = (keys / "1" / "node-1.key").read_bytes()
+    assert compose.keygen_main(3, 7000, config_path=cfg_path, run_dir=run, keys_root=keys) == 0
+    assert (run / "roster.json").read_bytes() == roster_before  # the earlier run is untouched
+    assert (keys / "1" / "node-1.key").read_bytes() == key_before
+    for i in range(3):
+        reason = (keys / str(i) / compose.REFUSED).read_text()
+        assert "already holds a run" in reason and str(run / "roster.json") in reason
+        env = dict(os.environ, CFREE_NODE_ID=str(i), CFREE_KEY_DIR=str(keys / str(i)))
+        r = subprocess.run(
+            ["sh", str(ROOT / "peer" / "entrypoint.sh"), "peer"],
+            capture_output=True, text=True, env=env, timeout=30,
+        )  # fmt: skip
+        assert r.returncode == 0
+        assert r.stderr.startswith(f"cfree peer {i}: not started: keygen made no keys: ")
+        assert "already holds a run" in r.stderr
+    # Moved away, a new run clears the refusal and makes fresh keys.
+    run.rename(tmp_path / "old-run")
+    assert compose.keygen_main(3, 7000, config_path=cfg_path, run_dir=run, keys_root=keys) == 0
+    assert not list(keys.glob(f"*/{compose.REFUSED}"))
+    assert (keys / "1" / "node-1.key").read_bytes() != key_before
+    # A count that does not match the file is refused the same way.
+    assert compose.keygen_main(4, 7000, config_path=cfg_path, run_dir=tmp_path / "r4",
+                               keys_root=keys) == 0  # fmt: skip
+    assert "written for 4" in (keys / "3" / compose.REFUSED).read_text()
+    # With no way to reach the peers, keygen itself fails.
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the key volumes should be")
+    assert compose.keygen_main(3, 7000, config_path=cfg_path, run_dir=run, keys_root=blocked) == 2
+
+
 # ----------------------------------------------------------------- real containers (-m docker)
 
 
@@ -377,6 +415,17 @@ def test_eight_peer_cluster_audit_equals_plan(how, peer_image, clusters, tmp_pat
         assert vl.intact and vl.records[-1]["k"] == "finished"
     # No private key reached the bind mount the host sees.
     assert not [p for p in run_dir.rglob("*.key")]
+    if how == "v1":
+        # A second `up` on the same run directory: v1 shows nothing once a dependency fails, so
+        # keygen refuses through the peers, which say why; the earlier run stays as it was.
+        before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+        again = c.call("up", "--no-build", timeout=600)
+        said = again.stdout + again.stderr
+        assert again.returncode == 0, said[-4000:]
+        for i in range(8):
+            assert f"cfree peer {i}: not started: keygen made no keys" in said, said[-4000:]
+        assert "already holds a run" in said and "not redone" in said, said[-4000:]
+        assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
 
 
 @pytest.mark.docker
@@ -444,3 +493,22 @@ def test_killed_peer_container_is_recorded_by_survivors_and_the_audit(
         for x in o["losses"]:
             if x["method"] == "exact":
                 assert 0 <= x["rdp"] <= ldp * (1 + 1e-9)
+
+
+def test_the_auditor_role_leaves_a_current_audit_alone_and_redoes_a_stale_one(tmp_path, capsys):
+    from memrun import write_run_dir
+
+    from coordinator_free.engine.memnet import run_config
+
+    cfg = config.load(None, ["graph.nodes=4", "protocol.steps=3"])
+    run = write_run_dir(cfg, run_config(cfg, None, seed=1), tmp_path / "run")
+    rep = compose.audit_role(run)
+    assert rep["fault_free"] is True
+    first = (run / "audit.json").read_bytes()
+    again = compose.audit_role(run)  # e.g. after keygen refused: the peers did not run
+    assert "not redone" in capsys.readouterr().out
+    assert (run / "audit.json").read_bytes() == first and again["observers"] == rep["observers"]
+    log = run / "logs" / "node-1.vlog"
+    log.write_bytes(log.read_bytes()[:-40])  # the logs changed: the audit is redone
+    assert compose.audit_role(run)["fault_free"] is False
+    assert (run / "audit.json").read_bytes() != first

@@ -12,6 +12,15 @@ containers read. The compose file has three kinds of services, all from one imag
 - ``auditor``: starts once every peer has finished, replays the view logs and writes
   ``audit.json`` next to them.
 
+When keygen refuses (an earlier run in the run directory, a config of another size), it
+writes the reason into every key volume as ``REFUSED`` and ends with status 0; each peer's
+entrypoint then prints that reason and ends with status 0 without starting, and the auditor
+finds the run directory's audit current and leaves it alone. Compose v1 shows none of a
+project's output as soon as one ``depends_on`` condition fails (only "Container ... exited
+with code N"), so a refusal that failed would be silent there; this way the reason shows under
+v1 and v2 alike, no peer ever starts with an earlier run's key, and nothing in the earlier run
+directory is written.
+
 The roles run as ``python -m coordinator_free.cluster.compose keygen|audit`` (and ``cfree
 peer`` for a node), called by the image's entrypoint. The file uses only what ``docker compose``
 (v2) and ``docker-compose`` (v1, 1.29) both read: no ``version`` key, ``depends_on`` conditions,
@@ -231,6 +240,20 @@ def write_compose(
 # ----------------------------------------------------------------------------------- roles
 
 
+#: The file in a key volume that says why keygen refused (read by the peer's entrypoint).
+REFUSED = "REFUSED"
+
+
+def refuse_peers(n: int, reason: str, keys_root: Path = Path(KEYS_ROOT)) -> None:
+    """Tell each of the ``n`` peers, through its key volume, why keygen made no keys."""
+    for i in range(n):
+        dest_dir = keys_root / str(i)
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        tmp = dest_dir / f".{REFUSED}.tmp"
+        tmp.write_text(reason.rstrip("\n") + "\n")
+        os.replace(tmp, dest_dir / REFUSED)
+
+
 def keygen_role(
     n: int,
     port: int,
@@ -272,6 +295,7 @@ def keygen_role(
             dest_dir = keys_root / str(i)
             dest_dir.mkdir(parents=True, exist_ok=True)
             os.chmod(dest_dir, 0o700)
+            (dest_dir / REFUSED).unlink(missing_ok=True)  # an earlier refusal no longer holds
             # A volume kept from an earlier run holds that run's key: it belongs to a roster
             # that no longer exists, and this node's new key replaces it.
             for old in dest_dir.glob("node-*.key"):
@@ -296,9 +320,14 @@ def keygen_role(
 
 def audit_role(run_dir: Path = Path(RUN_MOUNT)) -> dict:
     """The auditor service: replay the logs, write ``audit.json`` beside them, print the report."""
-    from coordinator_free.accounting.audit import audit_run, save_audit
+    from coordinator_free.accounting.audit import audit_run, audit_state, save_audit
     from coordinator_free.accounting.render import print_audit as _print_audit
 
+    if audit_state(run_dir) == "current":
+        # The peers did not run (keygen refused) or the run was audited already: the audit
+        # there is that of these very logs, so recomputing it could only rewrite the file.
+        print(f"auditor: {rundir.audit_path(run_dir)} is the audit of the logs there; not redone")
+        return json.loads(rundir.audit_path(run_dir).read_bytes())
     rep = audit_run(run_dir)
     save_audit(run_dir, rep)
     _print_audit(rep)
@@ -319,24 +348,40 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from coordinator_free.accounting.audit import AuditError
 
+    if args.role == "keygen":
+        return keygen_main(args.nodes, args.port)
     try:
-        if args.role == "keygen":
-            ros = keygen_role(args.nodes, args.port)
-            print(
-                f"keygen: run {ros.run_id}: {args.nodes} keys (one per volume), roster and "
-                f"config in {RUN_MOUNT}"
-            )
-        else:
-            audit_role()
-    except (
-        ComposeError,
-        AuditError,
-        config_mod.ConfigError,
-        roster_mod.RosterError,
-        OSError,
-    ) as exc:
+        audit_role()
+    except (AuditError, config_mod.ConfigError, roster_mod.RosterError, OSError) as exc:
         print(f"cfree {args.role}: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def keygen_main(
+    n: int,
+    port: int,
+    *,
+    config_path: Path = Path(CONFIG_MOUNT),
+    run_dir: Path = Path(RUN_MOUNT),
+    keys_root: Path = Path(KEYS_ROOT),
+) -> int:
+    """The keygen service's exit status: 0 when it made the keys, and also when it refused and
+    could leave the reason in every key volume (the peers then print it and do not start); 2
+    when it could not even do that."""
+    try:
+        ros = keygen_role(n, port, config_path=config_path, run_dir=run_dir, keys_root=keys_root)
+    except (ComposeError, config_mod.ConfigError, roster_mod.RosterError, OSError) as exc:
+        reason = f"keygen made no keys: {exc}"
+        print(f"cfree {reason}", file=sys.stderr)
+        try:
+            refuse_peers(n, reason, keys_root)
+        except OSError as also:
+            print(f"cfree keygen: cannot tell the peers why: {also}", file=sys.stderr)
+            return 2
+        print("cfree keygen: every peer will print this reason and stop", file=sys.stderr)
+        return 0
+    print(f"keygen: run {ros.run_id}: {n} keys (one per volume), roster and config in {run_dir}")
     return 0
 
 
