@@ -442,12 +442,14 @@ def load(
         if not isinstance(have, list):
             raise ConfigError(f"{source}: faults.inject must be a list of strings, got {have!r}")
         sec["inject"] = [*have, *faults]
-    _refuse_ignored_graph_overrides(data, overrides, source)
+    plain_source = source
     if overrides:
         source = f"{source} (with --set {' '.join(overrides)})"
     if faults:
         source = f"{source} (with --fault {' '.join(faults)})"
-    return from_dict(data, source=source)
+    cfg = from_dict(data, source=source)
+    _refuse_ignored_graph_overrides(data, overrides, plain_source)
+    return cfg
 
 
 def _refuse_ignored_graph_overrides(data: dict, overrides, source: str) -> None:

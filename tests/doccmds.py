@@ -78,7 +78,7 @@ def _logical_lines(start: int, lines: list[str]):
         i += 1
 
 
-_OUTPUT = re.compile(r"^cfree(?: [a-z][a-z-]*){1,2}:(?:\s|$)")
+_OUTPUT = re.compile(r"^cfree(?: [a-z0-9][a-z0-9-]*){1,2}:(?:\s|$)")
 
 
 def _is_output(text: str) -> bool:

@@ -1,6 +1,5 @@
-from pathlib import Path
-
 import re
+from pathlib import Path
 
 import pytest
 
@@ -115,8 +114,16 @@ def test_text_keys_take_the_raw_override_text(tmp_path, monkeypatch):
         (config.RUN_DEFAULT_CONFIG, ["graph.nodes=6"], "graph.kind is 'hypercube' (its size is 2^"),
         (None, ["graph.dim=3"], "graph.dim is read only by hypercube graphs"),
         (None, ["graph.p=0.3"], "add e.g. --set graph.kind=erdos_renyi"),
-        (None, ["graph.kind=torus", "graph.nodes=9"], "graph.rows x graph.cols"),
-        (None, ["graph.kind=hypercube", "graph.rows=2"], "--set graph.rows=2 changes nothing"),
+        (
+            None,
+            ["graph.kind=torus", "graph.rows=3", "graph.cols=3", "graph.nodes=9"],
+            "rows x graph",
+        ),
+        (
+            None,
+            ["graph.kind=hypercube", "graph.dim=3", "graph.rows=2"],
+            "graph.rows=2 changes nothing",
+        ),
     ],
 )
 def test_an_override_the_graph_kind_ignores_is_refused(base, overrides, fragment):

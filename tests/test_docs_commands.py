@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import pytest
-from doccmds import REPO, DocCommand, all_commands, commands_of, doc_files
+from doccmds import REPO, DocCommand, all_commands, commands_of
 
 from coordinator_free.cli import build_parser
 
@@ -60,18 +60,15 @@ PREPARE = {
         8, "192.0.2.{i}:7000"
     ),
     # docs/deploy.md: alpha, beta, gamma of the walk-through, keys from `cfree keypair`.
-    ("docs/deploy.md", "cfree roster --hosts hosts.txt --set graph.nodes=3 --set run.name=lan-demo "
-     "--set network.connect_timeout_s=120 --cfree-cmd /opt/cfree/venv/bin/cfree --out lan/"): (
-        _keypair_hosts(3, "192.168.1.1{i}:7000")
-    ),  # fmt: skip
+    (
+        "docs/deploy.md",
+        "cfree roster --hosts hosts.txt --set graph.nodes=3 --set run.name=lan-demo "
+        "--set network.connect_timeout_s=120 --cfree-cmd /opt/cfree/venv/bin/cfree --out lan/",
+    ): (_keypair_hosts(3, "192.168.1.1{i}:7000")),  # fmt: skip
     # docs/deploy.md: collect.sh would fetch lan/run from the three hosts; a run of the same
     # config on this machine stands in for it.
     ("docs/deploy.md", "cfree audit lan/run"): "cfree run lan/config.toml --out lan/run --quiet",
 }
-
-
-def _doc_of(cmd: DocCommand) -> str:
-    return cmd.doc
 
 
 def _text_to_run(cmd: DocCommand) -> str:

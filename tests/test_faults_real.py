@@ -45,7 +45,7 @@ CASES = {
         ["graph.nodes=5", "protocol.hops=60"],
         "stop:2@5+6",
     ),
-    "walk-sgd-kill": (EX / "walk-sgd.toml", ["graph.nodes=5", "protocol.hops=40"], "kill:2@6"),
+    "walk-sgd-kill": (EX / "walk-sgd.toml", ["protocol.hops=40"], "kill:2@6"),  # 16 nodes
 }
 
 

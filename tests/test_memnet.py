@@ -37,7 +37,7 @@ GOSSIP = {
 WALKS = {
     "ring-sum": (EX / "ring-sum.toml", ["graph.nodes=5", "protocol.cycles=4"]),
     "complete-sum": (EX / "complete-sum.toml", ["graph.nodes=5", "protocol.hops=80"]),
-    "walk-sgd": (EX / "walk-sgd.toml", ["graph.nodes=6", "protocol.hops=60"]),
+    "walk-sgd": (EX / "walk-sgd.toml", ["protocol.hops=60"]),  # its 16-node hypercube
 }
 ALL = {**GOSSIP, **WALKS}
 DEADLINE = 1.0
