@@ -86,6 +86,7 @@ __all__ = [
     "ExactTooLargeError",
     "plan_factors",
     "plan_exact_diagnostics",
+    "coalition_factors",
     "ldp_capped",
     "distance_summary",
 ]
@@ -431,43 +432,17 @@ def _reduce_into(basis: list[tuple[int, list[int]]], r: list[int]) -> list[tuple
     return out
 
 
-def exact_factors_rational(
-    steps: Sequence[Step],
-    observer: int,
-    received: Iterable[tuple[int, int]],
-    *,
-    snap: bool = True,
-) -> np.ndarray:
-    """Exact loss factors computed in exact rational arithmetic.
-
-    With ``snap=True`` (default) every entry of M_t and every gamma_t is replaced by
-    :func:`intended_fraction` of its float64 value, i.e. the mechanism with the weights the
-    schedule meant (Metropolis weights are fractions with small denominators). With
-    ``snap=False`` the float64 values are used exactly as dyadic rationals; then rounding of the
-    weights can break exact symmetries of the intended matrix and create directions of relative
-    size ~1e-17 that exact arithmetic counts in full (see docs/privacy.md), which no float
-    computation of the protocol could exploit.
-
-    The rows C_t[w] are computed exactly as integer vectors over a common denominator; the span
-    (coordinate v dropped, as v knows its own noise) is row-reduced exactly over the integers
-    (fraction-free, content removed), so the rank needs no tolerance. The projector diagonal is
-    then formed from the exact reduced echelon basis [I | X] (Gram matrix I + X X^T, condition
-    <= 1 + ||X||^2) in mpmath with enough bits for that condition. Limits: ``RATIONAL_MAX_NODES``
-    nodes and ``RATIONAL_MAX_BITS`` bits per coefficient; intended for tests and small audits.
-    """
-
+def exact_coefficients(steps: Sequence[Step], last: int, *, snap: bool = True):
+    """Yield ``(t, Ci_t, den_t)`` for t = 0..last: ``C_t = Ci_t / den_t`` exactly, ``Ci_t`` a list
+    of integer rows, with the weights and gammas read as :func:`intended_fraction` of their
+    float64 values (``snap=True``) or as exact dyadic rationals. The consumer may stop early.
+    Raises :class:`ExactTooLargeError` when the coefficients outgrow ``RATIONAL_MAX_BITS``."""
     ms, gs, n = _check_steps(steps)
-    T = len(ms)
-    rec = _check_received(received, observer, n, T)
-    if n > RATIONAL_MAX_NODES:
-        raise ValueError(
-            f"exact_factors_rational supports at most {RATIONAL_MAX_NODES} nodes, got {n}"
-        )
     conv = intended_fraction if snap else Fraction
     # Integer representation: M_t = Mi_t / d_t.
     mi: list[list[list[tuple[int, int]]]] = []  # per t, per row: [(col, int)]
     m_den: list[int] = []
-    for m in ms:
+    for m in ms[:last]:
         entries = [[(int(j), conv(float(m[i, j]))) for j in np.flatnonzero(m[i])] for i in range(n)]
         d = 1
         for row in entries:
@@ -476,29 +451,18 @@ def exact_factors_rational(
         mi.append([[(j, f.numerator * (d // f.denominator)) for j, f in row] for row in entries])
         m_den.append(d)
     gammas = [conv(g) for g in gs]
-    # C_t = Ci_t / den_t (integers); observed rows (coordinate v dropped) are row-reduced as
-    # soon as they are produced, and the recursion stops once the span is full.
-    need = max((t for t, _ in rec), default=0)
-    by_t: dict[int, list[int]] = {}
-    for t, x in rec:
-        by_t.setdefault(t, []).append(x)
-    m_cols = n - 1
-    basis: list[tuple[int, list[int]]] = []  # (pivot col, row); zero at every other pivot
     prev: list[list[int]] | None = None
     cur = [[1 if i == j else 0 for j in range(n)] for i in range(n)]
     cur_den = prev_den = 1
-    for t in range(need + 1):
-        for x in by_t.get(t, []):
-            if len(basis) == m_cols:
-                break
-            basis = _reduce_into(basis, [c for j, c in enumerate(cur[x]) if j != observer])
-        if t == need or len(basis) == m_cols:
-            break
+    for t in range(last + 1):
+        yield t, cur, cur_den
+        if t == last:
+            return
         bits = max((abs(c).bit_length() for row in cur for c in row), default=0)
         if bits > RATIONAL_MAX_BITS:
             raise ExactTooLargeError(
-                f"exact_factors_rational: coefficients exceed {RATIONAL_MAX_BITS} bits at step "
-                f"{t}; the schedule is too long for exact arithmetic"
+                f"exact coefficients exceed {RATIONAL_MAX_BITS} bits at step {t}; the schedule "
+                "is too long for exact arithmetic"
             )
         mrow = mi[t]
         prod = [[0] * n for _ in range(n)]
@@ -536,6 +500,55 @@ def exact_factors_rational(
             nxt_den //= common
         prev, prev_den = cur, cur_den
         cur, cur_den = nxt, nxt_den
+
+
+def exact_factors_rational(
+    steps: Sequence[Step],
+    observer: int,
+    received: Iterable[tuple[int, int]],
+    *,
+    snap: bool = True,
+) -> np.ndarray:
+    """Exact loss factors computed in exact rational arithmetic.
+
+    With ``snap=True`` (default) every entry of M_t and every gamma_t is replaced by
+    :func:`intended_fraction` of its float64 value, i.e. the mechanism with the weights the
+    schedule meant (Metropolis weights are fractions with small denominators). With
+    ``snap=False`` the float64 values are used exactly as dyadic rationals; then rounding of the
+    weights can break exact symmetries of the intended matrix and create directions of relative
+    size ~1e-17 that exact arithmetic counts in full (see docs/privacy.md), which no float
+    computation of the protocol could exploit.
+
+    The rows C_t[w] are computed exactly as integer vectors over a common denominator; the span
+    (coordinate v dropped, as v knows its own noise) is row-reduced exactly over the integers
+    (fraction-free, content removed), so the rank needs no tolerance. The projector diagonal is
+    then formed from the exact reduced echelon basis [I | X] (Gram matrix I + X X^T, condition
+    <= 1 + ||X||^2) in mpmath with enough bits for that condition. Limits: ``RATIONAL_MAX_NODES``
+    nodes and ``RATIONAL_MAX_BITS`` bits per coefficient; intended for tests and small audits.
+    """
+
+    ms, gs, n = _check_steps(steps)
+    T = len(ms)
+    rec = _check_received(received, observer, n, T)
+    if n > RATIONAL_MAX_NODES:
+        raise ValueError(
+            f"exact_factors_rational supports at most {RATIONAL_MAX_NODES} nodes, got {n}"
+        )
+    # Observed rows (coordinate v dropped) are row-reduced as soon as they are produced, and
+    # the recursion stops once the span is full.
+    need = max((t for t, _ in rec), default=0)
+    by_t: dict[int, list[int]] = {}
+    for t, x in rec:
+        by_t.setdefault(t, []).append(x)
+    m_cols = n - 1
+    basis: list[tuple[int, list[int]]] = []  # (pivot col, row); zero at every other pivot
+    for t, cur, _den in exact_coefficients(steps, need, snap=snap):
+        for x in by_t.get(t, []):
+            if len(basis) == m_cols:
+                break
+            basis = _reduce_into(basis, [c for j, c in enumerate(cur[x]) if j != observer])
+        if len(basis) == m_cols:
+            break
 
     return projector_diagonal(basis, n, observer)
 
@@ -741,6 +754,32 @@ def plan_factors(
             progress.tick(t + 1, steps, "Eq. (6), gossip step")
         return acc
     raise ValueError(f"unknown method {method!r}; expected 'exact' or 'paper'")
+
+
+def coalition_factors(
+    w: np.ndarray, steps: int, coalition: Sequence[int], *, strict: bool = True
+) -> np.ndarray:
+    """Fault-free exact loss factors of every source towards the joint view of a coalition of
+    observers (they pool what they saw), shape (n,); members get 1.
+
+    The joint view is the span of the members' own coordinates and of every message a member
+    received, ``span{e_a} + span{C_t[x, :] : t < T, x in N(a)}``; as for one observer, that is
+    the block Krylov space ``K_T(W, [e_A, e_N(A)])``. A source with factor 1 is fully exposed:
+    the coalition can solve for its noisy input from what it saw.
+    """
+    w = _check_w(w)
+    n = w.shape[0]
+    members = sorted({int(a) for a in coalition})
+    if not members or members[0] < 0 or members[-1] >= n:
+        raise ValueError(f"a coalition needs members in 0..{n - 1}, got {list(coalition)}")
+    if steps < 1:
+        raise ValueError("steps must be >= 1")
+    start = sorted(set(members).union(*(_neighbours(w, a) for a in members)))
+    ranks = _Ranks(strict, f"coalition {members}")
+    q = _lanczos_basis(sp.csr_matrix(w), start, n, steps, ranks)
+    f = np.clip(np.einsum("ij,ij->i", q, q), 0.0, 1.0)
+    f[members] = 1.0
+    return f
 
 
 def plan_exact_diagnostics(
