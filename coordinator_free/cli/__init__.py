@@ -14,6 +14,7 @@ import os
 import sys
 
 from coordinator_free import __version__
+from coordinator_free.cli import attack as attack_cmd
 from coordinator_free.cli import audit as audit_cmd
 from coordinator_free.cli import compose as compose_cmd
 from coordinator_free.cli import keygen as keygen_cmd
@@ -38,6 +39,7 @@ examples:
   cfree audit runs/<run-dir> --observer 3
   cfree report runs/<run-dir>                 # PNG plots of a run (audits it first if needed)
   cfree simulate examples/muffliato-ring.toml
+  cfree attack runs/<run-dir> --attackers 0,5  # what nodes 0 and 5 together reconstruct
   cfree run examples/ring-sum.toml            # a token around a ring of 64 peers
   cfree plan examples/walk-sgd.toml --method paper --target-eps 10 --budget mean
   cfree plan examples/decor-ring.toml --target-eps 10   # (sigma, sigma_cor) for DECOR
@@ -66,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in (run_cmd, peer_cmd, keygen_cmd, compose_cmd, plan_cmd, audit_cmd, simulate_cmd):
         module.add_parser(sub)
+    attack_cmd.add_parser(sub)
 
     from coordinator_free import report
     from coordinator_free.cli import lab as lab_cli
@@ -90,6 +93,7 @@ COMMANDS = {
     "plan": plan_cmd.cmd_plan,
     "audit": audit_cmd.cmd_audit,
     "simulate": simulate_cmd.cmd_simulate,
+    "attack": attack_cmd.cmd_attack,
     "report": lambda args: args.func(args),  # report.cmd_report, set by report.add_parser
     "keypair": lan_cmd.cmd_lan,
     "roster": lan_cmd.cmd_lan,

@@ -1,0 +1,165 @@
+"""The reconstruction attack on gossip averaging (`cfree attack`) against the coalition
+accountant: a coalition reconstructs exactly the nodes whose exact loss towards it is local DP
+(factor 1), and their noisy inputs to float precision.
+
+In memory over six graphs (some nodes hidden from the coalition in four of them), then on a
+real run through the CLI. The truth the reconstructions are compared with comes from the run's
+own streams; the attack itself sees only the coalition's logs, the config and its own inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from memrun import write_run_dir
+
+import coordinator_free
+from coordinator_free import config
+from coordinator_free.engine.memnet import run_config
+from coordinator_free.families.averaging import attack, node
+from coordinator_free.families.averaging.protocol import make_plan
+from coordinator_free.privacy import muffliato as acct
+from coordinator_free.viewlog import read_viewlog
+
+REPO = Path(coordinator_free.__file__).resolve().parents[1]
+
+CASES = {
+    "ring-10-T3": (["graph.kind=ring", "graph.nodes=10", "protocol.steps=3"], [0]),
+    "path-9-T4": (["graph.kind=path", "graph.nodes=9", "protocol.steps=4"], [0]),
+    "er-12": (
+        ["graph.kind=erdos_renyi", "graph.nodes=12", "graph.p=0.3", "protocol.steps=3"],
+        [0, 5],
+    ),
+    "grid-3x4-T3": (["graph.kind=grid", "graph.rows=3", "graph.cols=4", "protocol.steps=3"], [0]),
+    "star-7-T2": (["graph.kind=star", "graph.nodes=7", "protocol.steps=2"], [1]),
+    "ring-8-T10-pair": (["graph.kind=ring", "graph.nodes=8", "protocol.steps=10"], [0, 4]),
+    "geometric-10": (
+        ["graph.kind=geometric", "graph.nodes=10", "graph.radius=0.45", "protocol.steps=2"],
+        [3],
+    ),
+}
+
+
+def _attack_memrun(sets, members, tmp_path, own=True):
+    cfg = config.load(None, sets)
+    plan = make_plan(cfg)
+    mr = run_config(cfg, None, seed=1)
+    run = write_run_dir(cfg, mr, tmp_path / "run")
+    logs = {a: read_viewlog(run / "logs" / f"node-{a}.vlog") for a in members}
+    received = attack.from_logs(run, cfg, plan, members, logs)
+    truth = {u: node.start_value(cfg, u, mr.streams.node(u)) for u in range(plan.n)}
+    inputs = {a: truth[a] for a in members} if own else None
+    out = attack.reconstruct(attack.knowledge(plan, members, received, inputs), plan.n)
+    return plan, out, truth
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_coalition_reconstructs_exactly_its_fully_exposed_nodes(name, tmp_path):
+    sets, members = CASES[name]
+    plan, out, truth = _attack_memrun(sets, members, tmp_path)
+    factors = acct.coalition_factors(plan.W, plan.steps, members)
+    exposed = [int(u) for u in np.flatnonzero(factors >= 1 - 1e-9)]
+    assert out["reconstructible"] == exposed
+    # Everything else is well below 1 (no borderline case decides the comparison).
+    assert all(f < 1 - 1e-3 for u, f in enumerate(factors) if u not in exposed)
+    for u in out["reconstructible"]:
+        assert np.max(np.abs(out["values"][u] - truth[u])) < 1e-10, u
+
+
+def test_some_graphs_hide_nodes_and_some_expose_everyone(tmp_path):
+    hidden = {}
+    for i, (name, (sets, members)) in enumerate(CASES.items()):
+        plan, out, _ = _attack_memrun(sets, members, tmp_path / str(i))
+        hidden[name] = plan.n - len(out["reconstructible"])
+    assert sum(1 for h in hidden.values() if h > 0) >= 4, hidden
+    assert hidden["ring-8-T10-pair"] == 0 and hidden["er-12"] == 0
+
+
+def test_without_its_own_inputs_the_coalition_learns_less(tmp_path):
+    sets, members = CASES["grid-3x4-T3"]
+    _, full, _ = _attack_memrun(sets, members, tmp_path / "a")
+    _, blind, _ = _attack_memrun(sets, members, tmp_path / "b", own=False)
+    assert set(blind["reconstructible"]) < set(full["reconstructible"])
+
+
+def _brute_force_factors(plan, members):
+    """The joint view's projector diagonal from the stacked rows themselves (small n only)."""
+    coeffs = acct.realised_coefficients(
+        acct.fault_free_steps(plan.W, plan.steps, plan.accelerated, plan.gamma)
+    )
+    rows = [np.eye(plan.n)[a] for a in members]
+    for a in members:
+        for x in plan.neighbours(a):
+            rows.extend(coeffs[t][x] for t in range(plan.steps))
+    u, s, _ = np.linalg.svd(np.array(rows).T, full_matrices=False)
+    q = u[:, s > 1e-9 * s[0]]
+    return np.einsum("ij,ij->i", q, q)
+
+
+@pytest.mark.parametrize("name", ["ring-10-T3", "path-9-T4", "grid-3x4-T3", "star-7-T2"])
+def test_coalition_factors_equal_a_brute_force_joint_view(name):
+    sets, members = CASES[name]
+    plan = make_plan(config.load(None, sets))
+    got = acct.coalition_factors(plan.W, plan.steps, members)
+    assert np.allclose(got, _brute_force_factors(plan, members), atol=1e-8)
+    # One member: the single-observer plan. More members never see less.
+    for a in range(plan.n):
+        one = acct.coalition_factors(plan.W, plan.steps, [a])
+        row = acct.plan_factors(plan.W, plan.steps, plan.accelerated, method="exact", observers=[a])
+        assert np.allclose(one, row[0], atol=1e-12)
+    both = acct.coalition_factors(plan.W, plan.steps, [0, plan.n - 1])
+    for a in (0, plan.n - 1):
+        assert np.all(both >= acct.coalition_factors(plan.W, plan.steps, [a]) - 1e-12)
+
+
+def test_a_log_without_values_or_with_missed_values_is_refused(tmp_path):
+    cfg = config.load(None, ["graph.nodes=5", "protocol.steps=3", "log.values=false"])
+    plan = make_plan(cfg)
+    run = write_run_dir(cfg, run_config(cfg, None, seed=1), tmp_path / "run")
+    logs = {0: read_viewlog(run / "logs" / "node-0.vlog")}
+    with pytest.raises(attack.AttackError, match="log.values = false"):
+        attack.from_logs(run, cfg, plan, [0], logs)
+
+
+def _cfree(*args, cwd):
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run(
+        [sys.executable, "-m", "coordinator_free", *map(str, args)],
+        capture_output=True, text=True, timeout=300, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def test_cfree_attack_on_a_real_run(tmp_path):
+    r = _cfree(
+        "run", REPO / "examples" / "muffliato-ring.toml", "--set", "graph.nodes=10",
+        "--set", "protocol.steps=3", "--out", "ring", "--quiet", cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    r = _cfree("attack", "ring", "--attackers", "0", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["attackers"] == [0] and res["own_inputs"] is True
+    got = {row["node"] for row in res["nodes"] if row["reconstructed"]}
+    assert got == {1, 2, 3, 7, 8, 9}  # within 3 hops on the ring: 4, 5, 6 stay hidden
+    for row in res["nodes"]:
+        assert (row["factor"] >= 1 - 1e-9) == row["reconstructed"]
+        if row["reconstructed"]:
+            assert row["error"] < 1e-10
+    text = _cfree("attack", "ring", "--attackers", "0,5", cwd=tmp_path)
+    assert text.returncode == 0 and "8 of 8 other nodes reconstructed" in text.stdout
+    bad = _cfree("attack", "ring", "--attackers", "0,12", cwd=tmp_path)
+    assert bad.returncode == 2 and "out of range 0..9" in bad.stderr
+
+
+def test_a_run_of_another_protocol_is_refused_with_its_name(tmp_path):
+    cfg = config.load(REPO / "examples" / "randomized-gossip-ring.toml", ["graph.nodes=5"])
+    from coordinator_free.families import family_of
+
+    with pytest.raises(attack.AttackError, match="this run is randomized-gossip"):
+        attack.check_run(tmp_path, cfg, family_of(cfg.protocol.name).make_plan(cfg))
