@@ -161,5 +161,34 @@ def test_a_run_of_another_protocol_is_refused_with_its_name(tmp_path):
     cfg = config.load(REPO / "examples" / "randomized-gossip-ring.toml", ["graph.nodes=5"])
     from coordinator_free.families import family_of
 
-    with pytest.raises(attack.AttackError, match="this run is randomized-gossip"):
+    with pytest.raises(attack.AttackError, match="so far; this is randomized-gossip"):
         attack.check_run(tmp_path, cfg, family_of(cfg.protocol.name).make_plan(cfg))
+
+
+def test_plan_observers_gives_one_row_per_source_outside_the_coalition(tmp_path):
+    ring = REPO / "examples" / "muffliato-ring.toml"
+    r = _cfree("plan", ring, "--set", "graph.nodes=10", "--set", "protocol.steps=3",
+               "--observers", "0,5", "--json", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["observers"] == [0, 5] and [x["source"] for x in rep["losses"]] == [
+        1, 2, 3, 4, 6, 7, 8, 9,
+    ]  # fmt: skip
+    assert all(x["observers"] == [0, 5] and x["factor"] == 1.0 for x in rep["losses"])
+    assert all(x["eps"] == pytest.approx(rep["ldp"]["eps"]) for x in rep["losses"])
+    one = json.loads(
+        _cfree("plan", ring, "--set", "graph.nodes=10", "--set", "protocol.steps=3",
+               "--observers", "0", "--json", cwd=tmp_path).stdout
+    )  # fmt: skip
+    single = json.loads(
+        _cfree("plan", ring, "--set", "graph.nodes=10", "--set", "protocol.steps=3",
+               "--source", "4", "--json", cwd=tmp_path).stdout
+    )  # fmt: skip
+    row4 = next(x for x in one["losses"] if x["source"] == 4)
+    seen = next(x for x in single["losses"] if x["observer"] == 0)
+    assert row4["factor"] == pytest.approx(seen["factor"]) and row4["eps"] == pytest.approx(
+        seen["eps"]
+    )
+    assert one["fully_exposed"] == 6
+    bad = _cfree("plan", REPO / "examples" / "ring-sum.toml", "--observers", "1", cwd=tmp_path)
+    assert bad.returncode == 2 and "this is ring-sum" in bad.stderr

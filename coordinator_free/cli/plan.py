@@ -46,6 +46,12 @@ def add_parser(sub) -> None:
         "target to use: the smallest sigma (largest sigma_cor), the middle of the grid "
         "(default) or the largest sigma (sigma_cor near 0, local DP); all are listed in --json",
     )
+    p.add_argument(
+        "--observers",
+        metavar="A,B,...",
+        help="the exact loss of every other node towards this coalition's joint view (node "
+        "ids, comma-separated; Muffliato averaging on a fixed graph)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -54,6 +60,20 @@ def cmd_plan(args) -> int:
 
     cfg = config_mod.load(args.config, args.set, args.fault, default=config_mod.RUN_DEFAULT_CONFIG)
     family = family_of(cfg.protocol.name)
+    if args.observers is not None:
+        from coordinator_free.families.averaging import attack
+
+        if args.target_eps is not None or args.source is not None or args.method != "exact":
+            raise CliError("--observers gives the exact loss of every source: drop --source, "
+                           "--target-eps and --method paper")  # fmt: skip
+        try:
+            ids = [int(x) for x in args.observers.split(",") if x.strip()]
+        except ValueError:
+            raise CliError(
+                f"--observers {args.observers!r}: expected node ids and commas"
+            ) from None
+        rep = attack.coalition_report(cfg, family.make_plan(cfg), ids)
+        return _emit(args, rep, attack.print_coalition)
     if args.target_eps is not None:
         if args.source is not None:
             raise CliError("--target-eps calibrates over all pairs; drop --source")
