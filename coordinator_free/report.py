@@ -294,7 +294,11 @@ def _pairs_matrix(audit: Audit, method: str) -> np.ndarray:
 
 
 def _subtitle(audit: Audit, method: str) -> str:
-    return f"method: {METHOD_LABELS.get(method, method)}, α = {audit.alpha:g}, δ = {audit.delta:g}"
+    plain = ", σ = 0: NO PRIVACY" if math.isinf(audit.ldp_eps) else ""
+    return (
+        f"method: {METHOD_LABELS.get(method, method)}, α = {audit.alpha:g}, δ = {audit.delta:g}"
+        + plain
+    )
 
 
 def plot_loss_vs_distance(
@@ -513,6 +517,11 @@ def render_report(
         plot_accuracy(metrics, path, run_name, notes)
         files.append(str(path))
 
+    if math.isinf(audit.ldp_eps):
+        notes.append(
+            "sigma = 0: plain gossip, NO PRIVACY: every pair whose view depends on the source "
+            "is at eps = inf"
+        )
     if audit.integrity:
         notes.append(
             f"audit.json lists {len(audit.integrity)} integrity finding(s): part of the "

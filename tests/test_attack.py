@@ -46,8 +46,8 @@ CASES = {
 }
 
 
-def _attack_memrun(sets, members, tmp_path, own=True):
-    cfg = config.load(None, sets)
+def _attack_memrun(sets, members, tmp_path, own=True, plain=False):
+    cfg = config.load(None, sets + ["privacy.sigma=0"] * plain)
     plan = make_plan(cfg)
     mr = run_config(cfg, None, seed=1)
     run = write_run_dir(cfg, mr, tmp_path / "run")
@@ -59,10 +59,12 @@ def _attack_memrun(sets, members, tmp_path, own=True):
     return plan, out, truth
 
 
+@pytest.mark.parametrize("plain", [False, True], ids=["muffliato", "plain-gossip"])
 @pytest.mark.parametrize("name", CASES)
-def test_the_coalition_reconstructs_exactly_its_fully_exposed_nodes(name, tmp_path):
+def test_the_coalition_reconstructs_exactly_its_fully_exposed_nodes(name, plain, tmp_path):
     sets, members = CASES[name]
-    plan, out, truth = _attack_memrun(sets, members, tmp_path)
+    plan, out, truth = _attack_memrun(sets, members, tmp_path, plain=plain)
+    assert (plan.sigma == 0) == plain
     factors = acct.coalition_factors(plan.W, plan.steps, members)
     exposed = [int(u) for u in np.flatnonzero(factors >= 1 - 1e-9)]
     assert out["reconstructible"] == exposed
@@ -192,3 +194,74 @@ def test_plan_observers_gives_one_row_per_source_outside_the_coalition(tmp_path)
     assert one["fully_exposed"] == 6
     bad = _cfree("plan", REPO / "examples" / "ring-sum.toml", "--observers", "1", cwd=tmp_path)
     assert bad.returncode == 2 and "this is ring-sum" in bad.stderr
+
+
+def test_plain_gossip_is_accepted_for_muffliato_only_and_labelled_no_privacy(tmp_path):
+    from coordinator_free.accounting.core import Units
+    from coordinator_free.errors import ConfigError
+
+    cfg = config.load(None, ["graph.nodes=6", "privacy.sigma=0"])
+    assert cfg.privacy.sigma == 0
+    with pytest.raises(ConfigError, match="accepted for protocol muffliato only"):
+        config.load(REPO / "examples" / "ring-sum.toml", ["privacy.sigma=0"])
+    with pytest.raises(ConfigError, match=r"must be in \(1e-150, 1e150\), got -1"):
+        config.load(None, ["privacy.sigma=-1"])
+    units = Units(alpha=2.0, delta=1e-5, sensitivity=1.0, sigma=0.0)
+    assert units.loss(0.0) == {"rdp": 0.0, "eps": 0.0}  # a view that never depends on u
+    assert units.loss(1e-6) == {"rdp": float("inf"), "eps": float("inf")}
+    ring = REPO / "examples" / "muffliato-ring.toml"
+    r = _cfree("plan", ring, "--set", "graph.nodes=10", "--set", "protocol.steps=3",
+               "--set", "privacy.sigma=0", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "NO PRIVACY" in r.stdout and "60 of 90 ordered pairs" in r.stdout
+    assert "amplified" not in r.stdout  # eps = 0 pairs saw nothing; they are not "amplified"
+    r = _cfree("plan", ring, "--set", "graph.nodes=10", "--set", "protocol.steps=3",
+               "--set", "privacy.sigma=0", "--json", cwd=tmp_path)  # fmt: skip
+    rep = json.loads(r.stdout)  # Python reads the JSON 'Infinity'
+    assert rep["ldp"]["eps"] == float("inf")
+
+
+PLAIN = {
+    "ring": (["graph.kind=ring", "graph.nodes=10", "protocol.steps=3"], "0"),
+    "path": (["graph.kind=path", "graph.nodes=9", "protocol.steps=4"], "0"),
+    "grid": (["graph.kind=grid", "graph.rows=3", "graph.cols=4", "protocol.steps=3"], "0"),
+    "star": (["graph.kind=star", "graph.nodes=7", "protocol.steps=2"], "1"),
+    "erdos-renyi": (
+        ["graph.kind=erdos_renyi", "graph.nodes=12", "graph.p=0.3", "protocol.steps=3"],
+        "0,5",
+    ),
+    "geometric": (
+        ["graph.kind=geometric", "graph.nodes=10", "graph.radius=0.45", "protocol.steps=2"],
+        "3",
+    ),
+}
+
+
+@pytest.mark.slow
+def test_cfree_attack_on_real_plain_gossip_runs_over_six_graphs(tmp_path):
+    """Real peers, sigma = 0: the attack recovers exactly the private values of the nodes the
+    coalition accountant marks fully exposed, to float precision, and no other node."""
+    hidden = 0
+    for name, (sets, attackers) in PLAIN.items():
+        args = ["run", REPO / "examples" / "muffliato-ring.toml", "--set", "privacy.sigma=0"]
+        for kv in sets:
+            args += ["--set", kv]
+        r = _cfree(*args, "--out", name, "--quiet", cwd=tmp_path)
+        assert r.returncode == 0, (name, r.stderr)
+        r = _cfree("attack", name, "--attackers", attackers, "--json", cwd=tmp_path)
+        assert r.returncode == 0, (name, r.stderr)
+        res = json.loads(r.stdout)
+        assert res["sigma"] == 0
+        cfg = config.load(tmp_path / name / "config.toml")
+        plan = make_plan(cfg)
+        members = [int(a) for a in attackers.split(",")]
+        factors = acct.coalition_factors(plan.W, plan.steps, members)
+        for row in res["nodes"]:
+            exposed = factors[row["node"]] >= 1 - 1e-9
+            assert row["reconstructed"] == exposed, (name, row)
+            if exposed:
+                assert row["error"] < 1e-10, (name, row)
+        hidden += sum(1 for row in res["nodes"] if not row["reconstructed"])
+        text = _cfree("attack", name, "--attackers", attackers, cwd=tmp_path)
+        assert "NO PRIVACY" in text.stdout
+    assert hidden > 0

@@ -43,7 +43,7 @@ def test_overrides_are_parsed_as_toml_values():
         ("protocol.steps=0", "protocol.steps must be in 1..100000"),
         ("protocol.steps=soon", 'protocol.steps must be a positive integer or "auto"'),
         ("protocol.weights=hamilton", "protocol.weights 'hamilton' unknown"),
-        ("privacy.sigma=0", "privacy.sigma must be in (1e-150, 1e150)"),
+        ("privacy.sigma=-0.5", "privacy.sigma must be in (1e-150, 1e150)"),
         ("privacy.alpha=1", "privacy.alpha must be in (1, 1e6]"),
         ("privacy.delta=1", "privacy.delta must be in (0, 1)"),
         ("data.kind=images", "data.kind 'images' unknown"),

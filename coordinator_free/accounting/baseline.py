@@ -18,6 +18,7 @@ and the ``*_usable`` keys); :func:`explain` turns the block into the sentences t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 #: A loss within this relative distance of the local-DP loss counts as equal to it.
@@ -162,6 +163,8 @@ def explain(block: dict | None) -> list[str]:
         return []
     ldp = block["ldp_eps"]
     pairs, amp, exp = block["pairs"], block["amplified"], block["exposed"]
+    if math.isinf(ldp):
+        return no_privacy(block)
     out = [
         f"local DP is eps = {ldp:.4g}: what each node would lose to anyone who saw its noisy "
         "values directly, the most any view can reveal."
@@ -210,3 +213,21 @@ def explain(block: dict | None) -> list[str]:
             "bound there, and that is what the paper columns show (marked ^)."
         )
     return out
+
+
+NO_PRIVACY = "sigma = 0: plain gossip, NO PRIVACY"
+
+
+def no_privacy(block: dict) -> list[str]:
+    """The sentences for a report at sigma = 0 (plain gossip, allowed to demonstrate the
+    attack): local DP is infinite, and so is the loss of every pair whose view depends on the
+    source at all."""
+    pairs, seen = block["pairs"], block["exposed"]
+    return [
+        f"{NO_PRIVACY}: the nodes add no noise, so local DP is eps = inf and any observer whose "
+        "view depends on a source at all loses eps = inf about it.",
+        f"{seen} of {pairs} ordered pairs (source -> observer) are at eps = inf; for the other "
+        f"{pairs - seen} the observer saw nothing that depends on the source (eps = 0). "
+        "`cfree attack RUN --attackers A` shows which private values a coalition reconstructs "
+        "exactly (docs/attacks.md).",
+    ]

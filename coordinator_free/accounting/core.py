@@ -54,12 +54,22 @@ class Units:
     sigma: float
 
     @property
+    def no_privacy(self) -> bool:
+        """sigma = 0 (plain gossip): any view that depends on a source at all pins it down."""
+        return self.sigma == 0
+
+    @property
     def ldp_rho(self) -> float:
+        if self.no_privacy:
+            return math.inf
         return self.sensitivity**2 / (2.0 * self.sigma**2)
 
     def loss(self, factor: float) -> dict:
-        rho = max(0.0, float(factor)) * self.ldp_rho
-        eps = _eps_of_rho(rho, self.delta) if rho > 0 else 0.0
+        factor = max(0.0, float(factor))
+        if factor == 0:  # the view does not depend on the source (also at sigma = 0)
+            return {"rdp": 0.0, "eps": 0.0}
+        rho = factor * self.ldp_rho
+        eps = _eps_of_rho(rho, self.delta) if math.isfinite(rho) else math.inf
         return {"rdp": self.alpha * rho, "eps": eps}
 
 

@@ -16,6 +16,9 @@ examples:
   cfree run examples/muffliato-ring.toml --set graph.nodes=10 --set protocol.steps=3 --out runs/ring10
   cfree attack runs/ring10 --attackers 0           # node 0 alone: its neighbours and beyond
   cfree attack runs/ring10 --attackers 0,5 --json  # a coalition of two
+  cfree run examples/muffliato-ring.toml --set graph.nodes=10 --set protocol.steps=3 \
+      --set privacy.sigma=0 --out runs/plain10     # plain gossip: no noise, no privacy
+  cfree attack runs/plain10 --attackers 0          # the private values themselves
 
 The attack reads only the attackers' view logs, the run's public config and the attackers'
 own keys (for their own inputs, which a member knows and a view log never holds). Where the run
@@ -161,9 +164,14 @@ def _print(res: dict, n: int) -> None:
         yes = "yes" if r["reconstructed"] else "no"
         rows.append([str(r["node"]), str(r["distance"]), yes, f"{r['factor']:.4f}", err])
     print(_table(["node", "dist", "reconstructed", "exact factor", "max |error|"], rows))
+    what = (
+        "their private value x itself is known to the coalition (sigma = 0: plain gossip, NO "
+        "PRIVACY)"
+        if res["sigma"] == 0
+        else f"their noisy input x + N(0, {res['sigma']:g}^2) is known to the coalition"
+    )
     print(
-        f"{len(got)} of {n - len(ids)} other nodes reconstructed: their noisy input "
-        f"x + N(0, {res['sigma']:g}^2) is known to the coalition (exact factor 1: the loss equals "
-        "local DP, nothing is amplified). What it saw does not determine the others (exact "
-        "factor below 1)."
+        f"{len(got)} of {n - len(ids)} other nodes reconstructed: {what} (exact factor 1: the "
+        "loss equals local DP, nothing is amplified). What it saw does not determine the others "
+        "(exact factor below 1)."
     )

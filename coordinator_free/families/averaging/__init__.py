@@ -49,6 +49,7 @@ class Gossip:
 class Averaging(Gossip, Family):
     name = "averaging"
     protocols = catalog.AVERAGING
+    plain_gossip = True
 
     def validate(self, cfg, source):
         from coordinator_free.families.averaging.validate import validate_values

@@ -240,6 +240,7 @@ def banner(cfg, plan) -> str:
     return (
         f"starting {plan.n} peers: {cfg.protocol.name} on {cfg.graph.kind}, "
         f"{plan.steps} steps{acc}, sigma={plan.sigma}"
+        + (f" ({baseline.NO_PRIVACY})" if plan.sigma == 0 else "")
     )
 
 
