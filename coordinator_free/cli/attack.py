@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from coordinator_free import rundir
-from coordinator_free.cli.common import CliError, _table
+from coordinator_free.cli.common import CliError, _table, node_ids
 
 EPILOG = """\
 examples:
@@ -50,19 +50,6 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable result")
 
 
-def _ids(text: str, n: int) -> list[int]:
-    try:
-        ids = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise CliError(f"--attackers {text!r}: expected node ids separated by commas") from None
-    if not ids:
-        raise CliError("--attackers: name at least one node")
-    bad = [i for i in ids if not 0 <= i < n]
-    if bad:
-        raise CliError(f"--attackers: node(s) {bad} out of range 0..{n - 1}")
-    return ids
-
-
 def _own_inputs(run_dir: Path, cfg, ids: list[int], n: int):
     """``(inputs, streams)``: the members' own noisy inputs from their keys (None without keys),
     and the run's streams (None unless every key is there, for the comparison with the truth)."""
@@ -96,7 +83,7 @@ def cmd_attack(args) -> int:
     cfg, plan = load_run(run_dir)
     attack.check_run(run_dir, cfg, plan)
     n = plan.n
-    ids = _ids(args.attackers, n)
+    ids = node_ids(args.attackers, "--attackers", n)
     logs = {}
     for a in ids:
         path = rundir.log_path(run_dir, a)

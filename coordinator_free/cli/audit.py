@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from coordinator_free.cli.common import _emit
+from coordinator_free.cli.common import CliError, _emit, coalition, node_ids
 from coordinator_free.families import family_of
 
 
@@ -21,6 +21,13 @@ def add_parser(sub) -> None:
     )
     p.add_argument("run_dir", type=Path, help="run directory written by `cfree run`")
     p.add_argument("--observer", type=int, action="append", help="only this observer (repeatable)")
+    p.add_argument(
+        "--observers",
+        metavar="A,B,...",
+        help="a coalition: the exact loss of every other node towards the joint view of these "
+        "nodes' logs (comma-separated ids; one row per source; Muffliato averaging). A member "
+        "without a usable log puts every source at local DP; nothing is written",
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument(
         "--no-write",
@@ -42,6 +49,10 @@ def print_audit(rep: dict) -> None:
 def cmd_audit(args) -> int:
     from coordinator_free.accounting.audit import audit_run, save_audit
 
+    if args.observers is not None:
+        if args.observer is not None:
+            raise CliError("--observers audits one coalition; drop --observer")
+        return _coalition_audit(args)
     rep = audit_run(args.run_dir, observers=args.observer)
     _emit(args, rep, print_audit)
     if args.observer is None and not args.no_write:
@@ -57,3 +68,13 @@ def cmd_audit(args) -> int:
         )
         return 1
     return 0
+
+
+def _coalition_audit(args) -> int:
+    from coordinator_free.accounting.audit import load_run
+
+    ids = node_ids(args.observers, "--observers")
+    cfg, plan = load_run(args.run_dir)
+    family = family_of(cfg.protocol.name)
+    code = coalition(args, family, lambda: family.coalition_audit(args.run_dir, cfg, plan, ids))
+    return code

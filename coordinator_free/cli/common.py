@@ -11,11 +11,44 @@ from coordinator_free.accounting.render import fmt as _fmt
 from coordinator_free.accounting.render import table as _table
 from coordinator_free.errors import UsageError
 
-__all__ = ["CliError", "_cancel_on_sigterm", "_emit", "_fmt", "_table", "add_config_args"]
+__all__ = [
+    "CliError",
+    "_cancel_on_sigterm",
+    "_emit",
+    "_fmt",
+    "_table",
+    "add_config_args",
+    "coalition",
+    "node_ids",
+]
 
 
 class CliError(UsageError):
     """A command-line argument (or combination) that cannot be used: exit 2."""
+
+
+def node_ids(text: str, flag: str, n: int | None = None) -> list[int]:
+    """``A,B,...`` as sorted distinct node ids (in 0..n-1 when n is given)."""
+    try:
+        ids = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise CliError(f"{flag} {text!r}: expected node ids separated by commas") from None
+    if not ids:
+        raise CliError(f"{flag}: name at least one node")
+    bad = [i for i in ids if n is not None and not 0 <= i < n]
+    if bad:
+        raise CliError(f"{flag}: node(s) {bad} out of range 0..{n - 1}")
+    return ids
+
+
+def coalition(args, family, compute) -> int:
+    """``--observers A,B,...`` of plan and audit: the family's coalition report, printed or as
+    JSON; a family without coalition accounting is refused with its name."""
+    try:
+        rep = compute()
+    except NotImplementedError as exc:
+        raise CliError(str(exc)) from None
+    return _emit(args, rep, family.print_coalition)
 
 
 def add_config_args(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from coordinator_free import config as config_mod
 from coordinator_free import progress
-from coordinator_free.cli.common import CliError, _emit, add_config_args
+from coordinator_free.cli.common import CliError, _emit, add_config_args, coalition, node_ids
 from coordinator_free.families import family_of
 
 
@@ -50,7 +50,7 @@ def add_parser(sub) -> None:
         "--observers",
         metavar="A,B,...",
         help="the exact loss of every other node towards this coalition's joint view (node "
-        "ids, comma-separated; Muffliato averaging on a fixed graph)",
+        "ids, comma-separated; one row per source; Muffliato averaging)",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -61,19 +61,13 @@ def cmd_plan(args) -> int:
     cfg = config_mod.load(args.config, args.set, args.fault, default=config_mod.RUN_DEFAULT_CONFIG)
     family = family_of(cfg.protocol.name)
     if args.observers is not None:
-        from coordinator_free.families.averaging import attack
-
         if args.target_eps is not None or args.source is not None or args.method != "exact":
             raise CliError("--observers gives the exact loss of every source: drop --source, "
                            "--target-eps and --method paper")  # fmt: skip
-        try:
-            ids = [int(x) for x in args.observers.split(",") if x.strip()]
-        except ValueError:
-            raise CliError(
-                f"--observers {args.observers!r}: expected node ids and commas"
-            ) from None
-        rep = attack.coalition_report(cfg, family.make_plan(cfg), ids)
-        return _emit(args, rep, attack.print_coalition)
+        ids = node_ids(args.observers, "--observers")
+        return coalition(
+            args, family, lambda: family.coalition_plan(cfg, family.make_plan(cfg), ids)
+        )
     if args.target_eps is not None:
         if args.source is not None:
             raise CliError("--target-eps calibrates over all pairs; drop --source")

@@ -102,6 +102,26 @@ class Family:
             "floored at) is not implemented for this family"
         )
 
+    def coalition_plan(self, cfg, plan, observers: list[int]) -> dict:
+        """``cfree plan --observers``: the loss of every source outside a coalition towards its
+        joint view, one row per source (``observers``, ``source``, ``factor``, ``rdp``,
+        ``eps``)."""
+        raise NotImplementedError(self._no_coalitions(cfg))
+
+    def coalition_audit(self, run_dir: Path, cfg, plan, observers: list[int]) -> dict:
+        """``cfree audit --observers``: :meth:`coalition_plan` for the schedule the members'
+        logs show; never below the plan's when logs are damaged or missing."""
+        raise NotImplementedError(self._no_coalitions(cfg))
+
+    def print_coalition(self, rep: dict) -> None:
+        self._render("print_coalition")(rep)
+
+    def _no_coalitions(self, cfg) -> str:
+        return (
+            f"--observers (colluding observers) is accounted for protocol muffliato so far; "
+            f"protocol {cfg.protocol.name} reports single observers (--observer / --source)"
+        )
+
     def worst_case_losses(
         self, cfg, plan, observers: list[int]
     ) -> dict[int, dict[tuple[int, str], dict]]:

@@ -553,19 +553,23 @@ def exact_factors_rational(
     return projector_diagonal(basis, n, observer)
 
 
-def projector_diagonal(basis: list[tuple[int, list[int]]], n: int, observer: int) -> np.ndarray:
+def projector_diagonal(
+    basis: list[tuple[int, list[int]]], n: int, observer: int | Sequence[int]
+) -> np.ndarray:
     """The diagonal of the orthogonal projector onto the span of an exact echelon ``basis``
-    (integer rows over the n - 1 coordinates other than ``observer``, as built by
-    ``_reduce_into``), as loss factors of every source (``observer`` itself: 1)."""
+    (integer rows over the coordinates other than ``observer``, as built by ``_reduce_into``;
+    a coalition drops every member's coordinate), as loss factors of every source (the
+    observers themselves: 1)."""
     import mpmath
 
-    m_cols = n - 1
+    known = {observer} if isinstance(observer, int) else {int(a) for a in observer}
+    m_cols = n - len(known)
     f = np.zeros(n)
-    f[observer] = 1.0
+    f[sorted(known)] = 1.0
     rank = len(basis)
     if rank == 0:
         return f
-    others = [j for j in range(n) if j != observer]
+    others = [j for j in range(n) if j not in known]
     if rank == m_cols:
         f[:] = 1.0
         return f
@@ -782,6 +786,85 @@ def coalition_factors(
     return f
 
 
+def coalition_received(w: np.ndarray, coalition: Sequence[int], steps: int) -> set[tuple[int, int]]:
+    """Messages (t, x) a coalition gets in a fault-free run: every member's neighbours'."""
+    return {m for a in coalition for m in fault_free_received(w, a, steps)}
+
+
+def coalition_exact_factors(
+    steps: Sequence[Step],
+    coalition: Sequence[int],
+    received: dict[int, Iterable[tuple[int, int]]],
+    *,
+    strict: bool = True,
+) -> np.ndarray:
+    """Exact loss factors of every source towards a coalition's joint view for a realised
+    schedule (``received``: member -> the messages (t, x) it got), shape (n,); members get 1.
+
+    Fault-free on a fixed W: :func:`coalition_factors` (any n). Otherwise the rows of every
+    message any member got are reduced exactly over the coordinates of the non-members (each
+    member knows its own noise), as :func:`exact_factors_rational` does for one observer; more
+    than ``RATIONAL_MAX_NODES`` nodes raise :class:`ExactTooLargeError`
+    (:func:`coalition_upper_factors` then bounds the loss from above)."""
+    ms, gs, n = _check_steps(steps)
+    members = sorted({int(a) for a in coalition})
+    if not members or members[0] < 0 or members[-1] >= n:
+        raise ValueError(f"a coalition needs members in 0..{n - 1}, got {list(coalition)}")
+    rec: set[tuple[int, int]] = set()
+    for a in members:
+        mine = _check_received(received.get(a, ()), a, n, len(ms))
+        _check_used_observed(ms, a, mine)
+        rec.update(mine)
+    w = _fixed_w(ms, gs)
+    if w is not None and rec == coalition_received(w, members, len(ms)):
+        return coalition_factors(w, len(ms), members, strict=strict)
+    if n > RATIONAL_MAX_NODES:
+        raise ExactTooLargeError(
+            f"exact loss of a coalition under a schedule with faults needs exact arithmetic, "
+            f"supported up to {RATIONAL_MAX_NODES} nodes (got {n})"
+        )
+    drop = set(members)
+    need = max((t for t, _ in rec), default=0)
+    by_t: dict[int, list[int]] = {}
+    for t, x in sorted(rec):
+        by_t.setdefault(t, []).append(x)
+    m_cols = n - len(drop)
+    basis: list[tuple[int, list[int]]] = []
+    for t, cur, _den in exact_coefficients(steps, need):
+        for x in by_t.get(t, []):
+            if len(basis) == m_cols:
+                break
+            basis = _reduce_into(basis, [c for j, c in enumerate(cur[x]) if j not in drop])
+        if len(basis) == m_cols:
+            break
+    return projector_diagonal(basis, n, members)
+
+
+def coalition_upper_factors(
+    w: np.ndarray,
+    steps: Sequence[Step],
+    coalition: Sequence[int],
+    received: dict[int, Iterable[tuple[int, int]]],
+    *,
+    strict: bool = True,
+) -> np.ndarray:
+    """An upper bound on :func:`coalition_exact_factors` for any n, as
+    :func:`exact_upper_factors` bounds one observer's: the joint view lies in the block Krylov
+    space of W started at the members, the senders they heard and the row spaces of the
+    deviations ``M_s - W``."""
+    w = _check_w(w)
+    ms, _, n = _check_steps(steps)
+    members = sorted({int(a) for a in coalition})
+    if w.shape[0] != n:
+        raise ValueError("W and the schedule have different sizes")
+    senders: set[int] = set()
+    for a in members:
+        mine = _check_received(received.get(a, ()), a, n, len(ms))
+        _check_used_observed(ms, a, mine)
+        senders.update(x for _, x in mine)
+    return _krylov_upper(w, ms, members, senders, _Ranks(strict, f"coalition {members}"))
+
+
 def plan_exact_diagnostics(
     w: np.ndarray, steps: int, observers: Sequence[int] | None = None
 ) -> RankDiagnostics:
@@ -895,23 +978,29 @@ def exact_upper_factors(
         raise ValueError("W and the schedule have different sizes")
     rec = _check_received(received, observer, n, len(ms))
     _check_used_observed(ms, observer, rec)
-    eye = np.eye(n)
-    cols = [observer, *sorted({x for _, x in rec})]
-    start = eye[:, cols]
+    return _krylov_upper(
+        w, ms, [observer], {x for _, x in rec}, _Ranks(strict, f"observer {observer}")
+    )
+
+
+def _krylov_upper(w, ms, members: list[int], senders: set[int], ranks: _Ranks) -> np.ndarray:
+    """Projector diagonal of ``K_T(W, [e_members, e_senders, rowspaces of M_s - W])``, the
+    members set to 1."""
+    n = w.shape[0]
+    start = np.eye(n)[:, sorted(set(members) | senders)]
     extra = []
     for m in ms[: max(len(ms) - 1, 0)]:
         d = m - w
         rows = np.flatnonzero(np.any(d != 0.0, axis=1))
         if rows.size:
             extra.append(d[rows].T)
-    ranks = _Ranks(strict, f"observer {observer}")
     basis = _extend(np.zeros((n, 0)), start, 1.0, ranks)
     if extra:
         blk = np.hstack(extra)
         basis = _extend(basis, blk / np.linalg.norm(blk, axis=0), 1.0, ranks)
     q = _lanczos_from(sp.csr_matrix(w), basis, n, len(ms), ranks)
     f = np.clip(np.einsum("ij,ij->i", q, q), 0.0, 1.0)
-    f[observer] = 1.0
+    f[members] = 1.0
     return f
 
 

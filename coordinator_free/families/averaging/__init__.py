@@ -69,6 +69,21 @@ class Averaging(Gossip, Family):
 
         return make_plan(cfg)
 
+    def coalition_plan(self, cfg, plan, observers):
+        from coordinator_free.families.averaging import coalition
+
+        return coalition.plan_report(cfg, plan, observers)
+
+    def coalition_audit(self, run_dir, cfg, plan, observers):
+        from coordinator_free.families.averaging import coalition
+
+        return coalition.audit_report(run_dir, cfg, plan, observers)
+
+    def print_coalition(self, rep):
+        from coordinator_free.families.averaging import coalition
+
+        coalition.print_report(rep)
+
     def node_engine(self, cfg, plan, node, streams):
         from coordinator_free.families.averaging.node import engine
 

@@ -1,0 +1,186 @@
+"""Colluding observers in Muffliato averaging (`cfree plan --observers`, `cfree audit
+--observers`): the coalition's exact loss equals a brute-force computation on the stacked rows
+of what its members saw, for the plan, the public dropout schedule and in-memory runs with
+faults; the audit equals the plan on fault-free runs; a member without a log, or a damaged log,
+never lowers a loss below the plan's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from memrun import write_run_dir
+
+import coordinator_free
+from coordinator_free import config
+from coordinator_free.engine.memnet import Faults, run_config
+from coordinator_free.families import family_of
+from coordinator_free.families.averaging import accountant, coalition
+from coordinator_free.families.averaging.accountant import replay
+from coordinator_free.privacy import muffliato as acct
+
+DEADLINE = 0.05
+
+
+def _brute(steps, members, received) -> np.ndarray:
+    """The projector diagonal of span{e_a} + every row a member saw, by SVD (small n)."""
+    coeffs = acct.realised_coefficients(steps)
+    n = coeffs.shape[1]
+    rows = [np.eye(n)[a] for a in members]
+    rows += [coeffs[t][x] for t, x in sorted({m for a in members for m in received[a]})]
+    u, s, _ = np.linalg.svd(np.array(rows).T, full_matrices=False)
+    q = u[:, s > 1e-9 * s[0]]
+    return np.einsum("ij,ij->i", q, q)
+
+
+GRAPHS = {
+    "ring-9": ["graph.kind=ring", "graph.nodes=9", "protocol.steps=3"],
+    "grid-3x4": ["graph.kind=grid", "graph.rows=3", "graph.cols=4", "protocol.steps=3"],
+    "er-10": ["graph.kind=erdos_renyi", "graph.nodes=10", "graph.p=0.3", "protocol.steps=2"],
+}
+COALITIONS = [[0], [0, 4], [1, 2, 7]]
+
+
+@pytest.mark.parametrize("members", COALITIONS, ids=str)
+@pytest.mark.parametrize("name", GRAPHS)
+def test_plan_and_fault_free_audit_equal_the_brute_force_joint_view(name, members, tmp_path):
+    cfg = config.load(None, GRAPHS[name])
+    plan = family_of("muffliato").make_plan(cfg)
+    steps = acct.fault_free_steps(plan.W, plan.steps, plan.accelerated, plan.gamma)
+    received = {a: acct.fault_free_received(plan.W, a, plan.steps) for a in members}
+    want = _brute(steps, members, received)
+    planned = coalition.plan_report(cfg, plan, members)
+    got = {r["source"]: r["factor"] for r in planned["losses"]}
+    assert sorted(got) == [u for u in range(plan.n) if u not in members]
+    assert all(abs(got[u] - want[u]) < 1e-8 for u in got), (got, want)
+    # Audit of a fault-free in-memory run: the plan's numbers.
+    run = write_run_dir(cfg, run_config(cfg, seed=2), tmp_path / "run")
+    audited = coalition.audit_report(run, cfg, plan, members)
+    assert audited["fault_free"] and audited["basis"] == "logs"
+    assert [r["source"] for r in audited["losses"]] == [r["source"] for r in planned["losses"]]
+    assert [r["factor"] for r in audited["losses"]] == pytest.approx(
+        [r["factor"] for r in planned["losses"]], abs=1e-9
+    )
+    # Every row carries the coalition, the source and the three numbers.
+    assert set(audited["losses"][0]) >= {"observers", "source", "factor", "rdp", "eps"}
+    assert audited["losses"][0]["observers"] == sorted(members)
+
+
+def test_one_member_is_the_single_observer_plan():
+    cfg = config.load(None, GRAPHS["grid-3x4"])
+    plan = family_of("muffliato").make_plan(cfg)
+    single = accountant.plan_factors(plan, "exact", observers=[5])[0]
+    rep = coalition.plan_report(cfg, plan, [5])
+    for r in rep["losses"]:
+        assert r["factor"] == pytest.approx(single[r["source"]], abs=1e-10)
+
+
+@pytest.mark.parametrize("spec", ["drop:0.15", "cut:3@1", "delay:50", "dropout:0.3", "kill:3@1"])
+def test_audit_with_faults_equals_the_brute_force_on_the_realised_schedule(spec, tmp_path):
+    cfg = config.load(
+        None,
+        ["graph.kind=ring", "graph.nodes=12", "protocol.steps=3", f"network.deadline_s={DEADLINE}"],
+        [spec],
+    )
+    plan = family_of("muffliato").make_plan(cfg)
+    members = [0, 1]
+    run = write_run_dir(cfg, run_config(cfg, Faults.of_config(cfg), seed=6), tmp_path / "run")
+    rp = replay(run, plan)
+    audited = coalition.audit_report(run, cfg, plan, members)
+    # Dropout is public and planned: a run that follows it is fault-free, on a schedule that
+    # is not one fixed W all the same.
+    assert audited["fault_free"] == spec.startswith("dropout")
+    want = _brute(rp.steps, members, {a: sorted(rp.received[a]) for a in members})
+    got = np.array([r["factor"] for r in audited["losses"]])
+    want = np.delete(want, members)
+    planned = np.delete(coalition.plan_factors(plan, members), members)
+    assert len(set(np.round(got, 6))) > 1  # some sources hidden, some not
+    if audited["complete"]:
+        assert np.allclose(got, want, atol=1e-8)
+    else:  # a damaged or unfinished log: never below the plan
+        assert np.all(got >= np.maximum(want, planned) - 1e-8)
+    if spec == "delay:50":  # every value late: no node mixed, the coalition saw only 2 and 11
+        assert audited["complete"] and np.all(got <= planned + 1e-12) and got.sum() == 2
+
+
+def test_public_dropout_plan_equals_the_brute_force_on_the_planned_schedule():
+    cfg = config.load(None, [*GRAPHS["ring-9"], "protocol.steps=4"], ["dropout:0.3"])
+    plan = family_of("muffliato").make_plan(cfg)
+    assert plan.dropped
+    members = [2, 6]
+    received = {
+        a: [(t, w) for t in range(plan.steps) for w in plan.partners_at(a, t)] for a in members
+    }
+    want = _brute(accountant.planned_schedule(plan), members, received)
+    got = coalition.plan_factors(plan, members)
+    assert np.allclose(got, want, atol=1e-8)
+
+
+def test_a_member_without_a_log_puts_every_source_at_local_dp(tmp_path):
+    cfg = config.load(None, GRAPHS["ring-9"])
+    plan = family_of("muffliato").make_plan(cfg)
+    run = write_run_dir(cfg, run_config(cfg, seed=2), tmp_path / "run")
+    (run / "logs" / "node-4.vlog").unlink()
+    rep = coalition.audit_report(run, cfg, plan, [0, 4])
+    assert rep["basis"] == "worst-case" and not rep["complete"]
+    assert all(r["factor"] == 1.0 for r in rep["losses"])
+    assert "member(s) [4] have no usable view log" in rep["notes"][0]["message"]
+
+
+def test_a_truncated_member_log_never_lowers_the_loss_below_the_plan(tmp_path):
+    cfg = config.load(None, GRAPHS["ring-9"])
+    plan = family_of("muffliato").make_plan(cfg)
+    run = write_run_dir(cfg, run_config(cfg, seed=2), tmp_path / "run")
+    log = run / "logs" / "node-0.vlog"
+    log.write_bytes(log.read_bytes()[: len(log.read_bytes()) // 3])
+    rep = coalition.audit_report(run, cfg, plan, [0, 4])
+    planned = coalition.plan_factors(plan, [0, 4])
+    assert rep["integrity"] and not rep["complete"]
+    for r in rep["losses"]:
+        assert r["factor"] >= planned[r["source"]] - 1e-12
+
+
+def test_the_upper_bound_is_above_the_exact_coalition_loss(tmp_path):
+    cfg = config.load(
+        None, [*GRAPHS["grid-3x4"], "protocol.steps=4", f"network.deadline_s={DEADLINE}"],
+        ["drop:0.2"],
+    )  # fmt: skip
+    plan = family_of("muffliato").make_plan(cfg)
+    run = write_run_dir(cfg, run_config(cfg, Faults.of_config(cfg), seed=1), tmp_path / "run")
+    rp = replay(run, plan)
+    members = [0, 11]
+    rec = {a: sorted(rp.received[a]) for a in members}
+    exact = acct.coalition_exact_factors(rp.steps, members, rec)
+    upper = acct.coalition_upper_factors(plan.W, rp.steps, members, rec)
+    assert np.all(upper >= exact - 1e-9)
+
+
+def _cli(*args):
+    from coordinator_free.cli import main
+
+    return main([str(a) for a in args])
+
+
+def test_cli_plan_and_audit_agree_and_other_families_are_refused(tmp_path, capsys):
+    cfg = config.load(None, GRAPHS["ring-9"])
+    run = write_run_dir(cfg, run_config(cfg, seed=2), tmp_path / "run")
+    assert _cli("audit", run, "--observers", "0,4", "--json") == 0
+    audited = json.loads(capsys.readouterr().out)
+    assert _cli("plan", run / "config.toml", "--observers", "4,0", "--json") == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert audited["observers"] == planned["observers"] == [0, 4]
+    assert [r["factor"] for r in audited["losses"]] == pytest.approx(
+        [r["factor"] for r in planned["losses"]], abs=1e-9
+    )
+    assert _cli("audit", run, "--observers", "0,4") == 0
+    text = capsys.readouterr().out
+    assert "from the view logs of" in text and "basis: logs" in text
+    assert not (run / "audit.json").exists()  # a coalition audit writes nothing
+    ring_sum = Path(coordinator_free.__file__).resolve().parents[1] / "examples" / "ring-sum.toml"
+    assert _cli("plan", ring_sum, "--observers", "0,1") == 2
+    err = capsys.readouterr().err
+    assert "accounted for protocol muffliato so far; protocol ring-sum" in err
+    assert _cli("audit", run, "--observers", "0,x") == 2
+    assert "expected node ids separated by commas" in capsys.readouterr().err
