@@ -184,3 +184,45 @@ def test_cli_plan_and_audit_agree_and_other_families_are_refused(tmp_path, capsy
     assert "accounted for protocol muffliato so far; protocol ring-sum" in err
     assert _cli("audit", run, "--observers", "0,x") == 2
     assert "expected node ids separated by commas" in capsys.readouterr().err
+
+
+def test_coalition_growth_rows_are_the_coalitions_own_losses():
+    cfg = config.load(
+        None, ["graph.kind=erdos_renyi", "graph.nodes=20", "graph.p=0.15", "protocol.steps=3"]
+    )
+    plan = family_of("muffliato").make_plan(cfg)
+    deg = coalition.growth_report(cfg, plan, 4, "degree")
+    greedy = coalition.growth_report(cfg, plan, 4, "greedy")
+    order = sorted(range(plan.n), key=lambda v: (-plan.graph.degree(v), v))
+    for i, row in enumerate(deg["growth"]):
+        assert row["observers"] == sorted(order[: i + 1])
+    for rep in (deg, greedy):
+        prev = None
+        for row in rep["growth"]:
+            f = acct.coalition_factors(plan.W, plan.steps, row["observers"])
+            outside = np.delete(f, row["observers"])
+            assert row["factor_mean"] == pytest.approx(outside.mean())
+            assert row["fully_exposed"] == int(np.sum(outside >= 1 - 1e-9))
+            assert row["sources"] == plan.n - row["size"]
+            if prev is not None:  # each coalition contains the previous one: no source it
+                assert set(prev) < set(row["observers"])  # saw becomes less exposed
+                g = acct.coalition_factors(plan.W, plan.steps, prev)
+                assert np.all(f >= g - 1e-9)
+            prev = row["observers"]
+    # The greedy first member is the single observer with the largest mean loss.
+    singles = [
+        np.delete(acct.coalition_factors(plan.W, plan.steps, [v]), v).mean() for v in range(plan.n)
+    ]
+    assert greedy["growth"][0]["factor_mean"] == pytest.approx(max(singles))
+    assert greedy["growth"][0]["factor_mean"] >= deg["growth"][0]["factor_mean"] - 1e-12
+
+
+def test_cli_coalition_growth(tmp_path, capsys):
+    ring = Path(coordinator_free.__file__).resolve().parents[1] / "examples" / "muffliato-ring.toml"
+    assert _cli("plan", ring, "--set", "graph.nodes=12", "--coalition-growth", "3", "--json") == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert [r["size"] for r in rep["growth"]] == [1, 2, 3] and rep["join"] == "greedy"
+    assert _cli("plan", ring, "--coalition-growth", "3", "--join", "degree") == 0
+    assert "the highest-degree nodes join first" in capsys.readouterr().out
+    assert _cli("plan", ring, "--coalition-growth", "8") == 2
+    assert "expected 1..7 (n = 8)" in capsys.readouterr().err

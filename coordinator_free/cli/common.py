@@ -41,14 +41,15 @@ def node_ids(text: str, flag: str, n: int | None = None) -> list[int]:
     return ids
 
 
-def coalition(args, family, compute) -> int:
-    """``--observers A,B,...`` of plan and audit: the family's coalition report, printed or as
-    JSON; a family without coalition accounting is refused with its name."""
+def coalition(args, family, compute, printer=None) -> int:
+    """``--observers A,B,...`` of plan and audit (and ``--coalition-growth``): the family's
+    coalition report, printed (``printer``, default ``family.print_coalition``) or as JSON; a
+    family without coalition accounting is refused with its name."""
     try:
         rep = compute()
     except NotImplementedError as exc:
         raise CliError(str(exc)) from None
-    return _emit(args, rep, family.print_coalition)
+    return _emit(args, rep, printer or family.print_coalition)
 
 
 def add_config_args(

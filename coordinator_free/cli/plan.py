@@ -52,6 +52,20 @@ def add_parser(sub) -> None:
         help="the exact loss of every other node towards this coalition's joint view (node "
         "ids, comma-separated; one row per source; Muffliato averaging)",
     )
+    p.add_argument(
+        "--coalition-growth",
+        type=int,
+        metavar="K",
+        help="how the worst and mean loss of the other nodes grow as 1..K colluders join "
+        "(Muffliato averaging); --join picks who joins next",
+    )
+    p.add_argument(
+        "--join",
+        choices=["greedy", "degree"],
+        default="greedy",
+        help="with --coalition-growth: 'greedy' (default) adds the node that raises the mean "
+        "loss most, a worst case found step by step; 'degree' the highest-degree nodes first",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -60,6 +74,18 @@ def cmd_plan(args) -> int:
 
     cfg = config_mod.load(args.config, args.set, args.fault, default=config_mod.RUN_DEFAULT_CONFIG)
     family = family_of(cfg.protocol.name)
+    if args.coalition_growth is not None:
+        if args.observers is not None or args.target_eps is not None or args.source is not None:
+            raise CliError("--coalition-growth builds its own coalitions: drop --observers, "
+                           "--source and --target-eps")  # fmt: skip
+        plan = family.make_plan(cfg)
+        with progress.reporting("cfree plan"):
+            return coalition(
+                args,
+                family,
+                lambda: family.coalition_growth(cfg, plan, args.coalition_growth, args.join),
+                family.print_growth,
+            )
     if args.observers is not None:
         if args.target_eps is not None or args.source is not None or args.method != "exact":
             raise CliError("--observers gives the exact loss of every source: drop --source, "

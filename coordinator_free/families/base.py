@@ -113,12 +113,21 @@ class Family:
         logs show; never below the plan's when logs are damaged or missing."""
         raise NotImplementedError(self._no_coalitions(cfg))
 
+    def coalition_growth(self, cfg, plan, k: int, join: str) -> dict:
+        """``cfree plan --coalition-growth K``: the worst and mean loss of the nodes outside a
+        coalition as 1..K colluders join (``join``: ``greedy`` or ``degree``)."""
+        raise NotImplementedError(self._no_coalitions(cfg))
+
     def print_coalition(self, rep: dict) -> None:
         self._render("print_coalition")(rep)
 
+    def print_growth(self, rep: dict) -> None:
+        self._render("print_growth")(rep)
+
     def _no_coalitions(self, cfg) -> str:
         return (
-            f"--observers (colluding observers) is accounted for protocol muffliato so far; "
+            f"colluding observers (--observers, --coalition-growth) are accounted for protocol "
+            "muffliato so far; "
             f"protocol {cfg.protocol.name} reports single observers (--observer / --source)"
         )
 

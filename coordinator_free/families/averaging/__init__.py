@@ -79,10 +79,20 @@ class Averaging(Gossip, Family):
 
         return coalition.audit_report(run_dir, cfg, plan, observers)
 
+    def coalition_growth(self, cfg, plan, k, join):
+        from coordinator_free.families.averaging import coalition
+
+        return coalition.growth_report(cfg, plan, k, join)
+
     def print_coalition(self, rep):
         from coordinator_free.families.averaging import coalition
 
         coalition.print_report(rep)
+
+    def print_growth(self, rep):
+        from coordinator_free.families.averaging import coalition
+
+        coalition.print_growth(rep)
 
     def node_engine(self, cfg, plan, node, streams):
         from coordinator_free.families.averaging.node import engine
