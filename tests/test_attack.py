@@ -265,3 +265,17 @@ def test_cfree_attack_on_real_plain_gossip_runs_over_six_graphs(tmp_path):
         text = _cfree("attack", name, "--attackers", attackers, cwd=tmp_path)
         assert "NO PRIVACY" in text.stdout
     assert hidden > 0
+
+
+def test_the_erdos_renyi_table_script_agrees_with_the_accountant():
+    """bench/attack_table.py (docs/results.md) on a small grid: it exits 0 only when the
+    attack's exact decisions equal the coalition accountant's fully exposed sets."""
+    r = subprocess.run(
+        [sys.executable, REPO / "bench" / "attack_table.py", "--nodes", "20", "--degrees", "4",
+         "--attackers", "1,2", "--graphs", "3"],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "0 disagreement(s)" in r.stderr
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| 20 |")]
+    assert len(rows) == 2 and all("±" in row for row in rows)
