@@ -181,7 +181,7 @@ def test_cli_plan_and_audit_agree_and_other_families_are_refused(tmp_path, capsy
     ring_sum = Path(coordinator_free.__file__).resolve().parents[1] / "examples" / "ring-sum.toml"
     assert _cli("plan", ring_sum, "--observers", "0,1") == 2
     err = capsys.readouterr().err
-    assert "accounted for protocol muffliato so far; protocol ring-sum" in err
+    assert "colluding observers are not accounted for protocol ring-sum" in err
     assert _cli("audit", run, "--observers", "0,x") == 2
     assert "expected node ids separated by commas" in capsys.readouterr().err
 
@@ -226,3 +226,82 @@ def test_cli_coalition_growth(tmp_path, capsys):
     assert "the highest-degree nodes join first" in capsys.readouterr().out
     assert _cli("plan", ring, "--coalition-growth", "8") == 2
     assert "expected 1..7 (n = 8)" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------ DECOR
+
+EX = Path(coordinator_free.__file__).resolve().parents[1] / "examples"
+
+
+def _decor(*extra):
+    cfg = config.load(EX / "decor-ring.toml", ["graph.nodes=6", "protocol.rounds=4", *extra])
+    return cfg, family_of("decor").make_plan(cfg)
+
+
+def _decor_brute(plan, members) -> np.ndarray:
+    """R (Delta^2/2)[Sigma^-1]_uu over the honest users, Sigma = sigma^2 I + sigma_cor^2 B B^T
+    with B the incidence of the honest-honest edges (a term shared with a member is known to
+    the coalition and subtracted), over one local-DP round."""
+    honest = [v for v in range(plan.n) if v not in members]
+    pos = {v: i for i, v in enumerate(honest)}
+    cols = []
+    for i, j in plan.graph.edges():
+        if i in pos and j in pos:
+            c = np.zeros(len(honest))
+            c[pos[i]], c[pos[j]] = 1.0, -1.0
+            cols.append(c)
+    b = np.array(cols).T if cols else np.zeros((len(honest), 0))
+    cov = plan.sigma**2 * np.eye(len(honest)) + plan.sigma_cor**2 * b @ b.T
+    rho = plan.sensitivity**2 / 2 * np.diag(np.linalg.inv(cov))
+    ldp = plan.sensitivity**2 / (2 * plan.sigma**2)
+    out = np.zeros(plan.n)
+    out[honest] = plan.rounds * rho / ldp
+    return out
+
+
+@pytest.mark.parametrize("members", [[0], [0, 3], [1, 2, 4]], ids=str)
+def test_decor_coalition_plan_and_audit_equal_the_brute_force(members, tmp_path):
+    cfg, plan = _decor()
+    want = _decor_brute(plan, members)
+    planned = family_of("decor").coalition_plan(cfg, plan, members)
+    got = {r["source"]: r["factor"] for r in planned["losses"]}
+    assert sorted(got) == [u for u in range(plan.n) if u not in members]
+    assert all(got[u] == pytest.approx(want[u], rel=1e-9) for u in got)
+    assert planned["ldp"]["factor"] == plan.rounds
+    run = write_run_dir(cfg, run_config(cfg, seed=2), tmp_path / "run")
+    audited = family_of("decor").coalition_audit(run, cfg, plan, members)
+    assert audited["fault_free"] and audited["basis"] == "logs"
+    assert [r["factor"] for r in audited["losses"]] == pytest.approx(
+        [r["factor"] for r in planned["losses"]], rel=1e-9
+    )
+
+
+def test_decor_single_members_are_the_pairwise_table_and_their_worst_is_secldp_q1():
+    from coordinator_free.families.decor import accountant as dacc
+
+    cfg, plan = _decor("privacy.collusion=1")
+    pairwise = dacc.plan_pairwise(plan, "exact")
+    per_member = np.array(
+        [
+            [r["factor"] for r in family_of("decor").coalition_plan(cfg, plan, [v])["losses"]]
+            for v in range(plan.n)
+        ]
+    )
+    for v in range(plan.n):
+        assert per_member[v] == pytest.approx(np.delete(pairwise[v], v), rel=1e-9)
+    # q-collusion: the guarantee at collusion 1 is the worst single curious user.
+    rep = family_of("decor").plan_report(cfg, plan, source=None, method="exact")
+    ldp_rho = plan.sensitivity**2 / (2 * plan.sigma**2)
+    worst = max(float(per_member.max()) * ldp_rho, 0.0)
+    assert rep["secldp"]["exact"]["rho"] == pytest.approx(worst, rel=1e-9)
+
+
+def test_decor_coalition_audit_with_a_missing_member_log_is_never_below_the_plan(tmp_path):
+    cfg, plan = _decor()
+    run = write_run_dir(cfg, run_config(cfg, seed=2), tmp_path / "run")
+    (run / "logs" / "node-3.vlog").unlink()
+    rep = family_of("decor").coalition_audit(run, cfg, plan, [0, 3])
+    planned = family_of("decor").coalition_plan(cfg, plan, [0, 3])
+    assert not rep["complete"]
+    for a, b in zip(rep["losses"], planned["losses"], strict=True):
+        assert a["factor"] >= b["factor"] - 1e-9

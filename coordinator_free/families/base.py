@@ -116,19 +116,24 @@ class Family:
     def coalition_growth(self, cfg, plan, k: int, join: str) -> dict:
         """``cfree plan --coalition-growth K``: the worst and mean loss of the nodes outside a
         coalition as 1..K colluders join (``join``: ``greedy`` or ``degree``)."""
-        raise NotImplementedError(self._no_coalitions(cfg))
+        raise NotImplementedError(
+            f"--coalition-growth is computed for protocol muffliato only, not "
+            f"{cfg.protocol.name} (docs/attacks.md)"
+        )
 
     def print_coalition(self, rep: dict) -> None:
-        self._render("print_coalition")(rep)
+        from coordinator_free.accounting.coalition import print_report
+
+        print_report(rep)
 
     def print_growth(self, rep: dict) -> None:
         self._render("print_growth")(rep)
 
     def _no_coalitions(self, cfg) -> str:
         return (
-            f"colluding observers (--observers, --coalition-growth) are accounted for protocol "
-            "muffliato so far; "
-            f"protocol {cfg.protocol.name} reports single observers (--observer / --source)"
+            f"colluding observers are not accounted for protocol {cfg.protocol.name}: it "
+            "reports single observers (--observer / --source); docs/attacks.md lists the "
+            "protocols with coalitions"
         )
 
     def worst_case_losses(

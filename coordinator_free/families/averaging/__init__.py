@@ -84,11 +84,6 @@ class Averaging(Gossip, Family):
 
         return coalition.growth_report(cfg, plan, k, join)
 
-    def print_coalition(self, rep):
-        from coordinator_free.families.averaging import coalition
-
-        coalition.print_report(rep)
-
     def print_growth(self, rep):
         from coordinator_free.families.averaging import coalition
 

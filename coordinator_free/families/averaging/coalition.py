@@ -18,22 +18,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import networkx as nx
 import numpy as np
 
 from coordinator_free import progress
+from coordinator_free.accounting.coalition import members_of, report
 from coordinator_free.accounting.core import AuditError, units_of
 from coordinator_free.families.averaging import protocol as mf
 from coordinator_free.privacy import muffliato as acct
-
-
-def members_of(observers, n: int, *, flag: str = "--observers") -> list[int]:
-    """The coalition's members, sorted, each a node id."""
-    obs = sorted({int(a) for a in observers})
-    bad = [a for a in obs if not 0 <= a < n]
-    if bad or not obs:
-        raise AuditError(f"{flag} {list(observers)}: node ids must be in 0..{n - 1}")
-    return obs
 
 
 def _check_plan(plan) -> None:
@@ -71,42 +62,13 @@ def plan_factors(plan, members: list[int], notes: list | None = None) -> np.ndar
     return _schedule_factors(plan, planned_schedule(plan), members, received, notes or [])
 
 
-def _report(cfg, plan, members: list[int], f: np.ndarray) -> dict:
-    units = units_of(plan)
-    hops = nx.multi_source_dijkstra_path_length(plan.graph, set(members))
-    rows = [
-        {
-            "observers": members,
-            "source": u,
-            "distance": int(hops.get(u, -1)),
-            "factor": float(f[u]),
-            **units.loss(float(f[u])),
-        }
-        for u in range(plan.n)
-        if u not in members
-    ]
-    return {
-        "protocol": cfg.protocol.name,
-        "method": "exact",
-        "n": plan.n,
-        "steps": plan.steps,
-        "sigma": plan.sigma,
-        "alpha": plan.alpha,
-        "delta": plan.delta,
-        "observers": members,
-        "ldp": units.loss(1.0),
-        "fully_exposed": sum(1 for r in rows if r["factor"] >= 1 - 1e-9),
-        "losses": rows,
-    }
-
-
 def plan_report(cfg, plan, observers) -> dict:
     """``cfree plan --observers``: one row per source outside the coalition, ``{"observers",
     "source", "distance", "factor", "rdp", "eps"}`` with factor the loss over local DP."""
     _check_plan(plan)
     members = members_of(observers, plan.n)
     notes: list = []
-    rep = _report(cfg, plan, members, plan_factors(plan, members, notes))
+    rep = report(cfg, plan, members, plan_factors(plan, members, notes))
     rep["notes"] = notes
     return rep
 
@@ -140,7 +102,7 @@ def audit_report(run_dir: Path, cfg, plan, observers) -> dict:
             if np.any(planned > f + 1e-12):
                 basis = "logs, floored at the plan"
             f = np.maximum(f, planned)
-    rep = _report(cfg, plan, members, f)
+    rep = report(cfg, plan, members, f)
     rep.update(
         run_dir=str(run_dir),
         fault_free=rp.fault_free,
@@ -151,49 +113,6 @@ def audit_report(run_dir: Path, cfg, plan, observers) -> dict:
         notes=notes,
     )
     return rep
-
-
-def print_report(rep: dict) -> None:
-    """The coalition table for people (plan and audit)."""
-    from coordinator_free.accounting import baseline
-    from coordinator_free.accounting.render import table
-
-    rows = rep["losses"]
-    where = f"the view logs of {rep['run_dir']}" if "run_dir" in rep else "the plan"
-    print(
-        f"coalition {rep['observers']}: exact loss of every other node towards the joint view, "
-        f"from {where} (n={rep['n']}, steps={rep['steps']}, sigma={rep['sigma']:g}, "
-        f"alpha={rep['alpha']:g}, delta={rep['delta']:g})"
-    )
-    if rep["sigma"] == 0:
-        print(baseline.NO_PRIVACY)
-    print(f"LDP baseline: rdp={rep['ldp']['rdp']:.4f}  eps={rep['ldp']['eps']:.4f}")
-    body = [
-        [
-            str(r["source"]),
-            str(r["distance"]),
-            f"{r['factor']:.4f}",
-            f"{r['rdp']:.4f}",
-            f"{r['eps']:.4f}",
-        ]
-        for r in rows
-    ]
-    print(table(["source", "dist", "factor", "rdp", "eps"], body))
-    if rows:
-        worst = max(r["eps"] for r in rows)
-        mean = sum(r["eps"] for r in rows) / len(rows)
-        print(
-            f"worst eps {worst:.4f}, mean {mean:.4f}; {rep['fully_exposed']} of {len(rows)} "
-            "fully exposed (factor 1: the coalition can solve for their noisy inputs; "
-            "`cfree attack` does it on a run)"
-        )
-    if "run_dir" in rep:
-        state = "fault-free" if rep["fault_free"] else "with faults"
-        print(
-            f"schedule: {state}; basis: {rep['basis']}; {len(rep['integrity'])} integrity finding(s)"
-        )
-    for note in rep.get("notes", []):
-        print(f"note: {note['message']}")
 
 
 JOINS = ("greedy", "degree")

@@ -64,6 +64,16 @@ class Decor(Family):
 
         return accountant.worst_case_losses(cfg, plan, observers)
 
+    def coalition_plan(self, cfg, plan, observers):
+        from coordinator_free.families.decor import accountant
+
+        return accountant.coalition_plan(cfg, plan, observers)
+
+    def coalition_audit(self, run_dir, cfg, plan, observers):
+        from coordinator_free.families.decor import accountant
+
+        return accountant.coalition_audit(run_dir, cfg, plan, observers)
+
     def calibrate(self, cfg, target_eps, *, method, budget, decor_pair="mid", **opts):
         # The SecLDP search is over (sigma, sigma_cor) pairs; ``decor_pair`` picks which.
         from coordinator_free.families.decor import accountant

@@ -689,3 +689,71 @@ def calibrate(cfg: Config, target_eps: float, *, which: str = "mid", grid: int =
         "ldp": check["ldp"],
         "accounting": check["accounting"],
     }
+
+
+# ------------------------------------------------------------------------------- coalitions
+
+COALITION_MODEL = (
+    "the coalition sees every message and knows the pair secrets of every edge touching a "
+    "member (DECOR's collusion model, privacy.collusion = |coalition| for this one coalition)"
+)
+
+
+def _coalition_rho(plan, members: list[int]) -> np.ndarray:
+    """Per-node rho over the fault-free run against this coalition: R (Delta^2/2)
+    [(sigma^2 I + sigma_cor^2 L(G[V \\ Q]))^-1]_ii; 0 for the members."""
+    added = {v: list(plan.neighbours(v)) for v in range(plan.n)}
+    honest, M = dacct.round_matrix(plan.n, added, colluders=members)
+    rho = np.zeros(plan.n)
+    if len(honest):
+        half = plan.sensitivity**2 / 2.0
+        rho[honest] = half * dacct.inverse_diagonal(plan.sigma, plan.sigma_cor, M)
+    return plan.rounds * rho
+
+
+def coalition_plan(cfg: Config, plan, observers) -> dict:
+    """``cfree plan --observers``: every other user's exact SecLDP loss against this coalition,
+    in units of one round of local DP (the pairwise table's units)."""
+    from coordinator_free.accounting.coalition import members_of, report
+
+    members = members_of(observers, plan.n)
+    f = _coalition_rho(plan, members) / units_of(plan).ldp_rho
+    rep = report(cfg, plan, members, f, ldp_factor=float(plan.rounds))
+    rep.update(sigma_cor=plan.sigma_cor, model=COALITION_MODEL, notes=[])
+    return rep
+
+
+def coalition_audit(run_dir: Path, cfg: Config, plan, observers) -> dict:
+    """``cfree audit --observers``: the same for the rounds the logs show (a node whose terms
+    of a round are unknown is handed to the coalition, as in the full audit); floored at the
+    plan when any log is damaged or missing."""
+    from coordinator_free.accounting.coalition import members_of, report
+
+    members = members_of(observers, plan.n)
+    integrity: list[dict] = []
+    notes: list[dict] = []
+    rr, _logs = replay_rounds(run_dir, plan, integrity, notes)
+    unit = units_of(plan).ldp_rho
+    f = realised_rho(plan, rr, [tuple(members)], {})[0] / unit
+    basis = "logs"
+    if integrity:
+        planned = _coalition_rho(plan, members) / unit
+        if np.any(planned > f + 1e-12):
+            basis = "logs, floored at the plan"
+        f = np.maximum(f, planned)
+    rep = report(cfg, plan, members, f, ldp_factor=float(plan.rounds))
+    fault_free = not integrity and all(
+        rr.published[r] == set(range(plan.n)) and not rr.unknown[r] and not rr.unmatched[r]
+        for r in range(plan.rounds)
+    )
+    rep.update(
+        sigma_cor=plan.sigma_cor,
+        model=COALITION_MODEL,
+        run_dir=str(run_dir),
+        fault_free=fault_free,
+        complete=not integrity,
+        basis=basis,
+        integrity=integrity,
+        notes=notes,
+    )
+    return rep

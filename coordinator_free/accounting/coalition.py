@@ -1,0 +1,98 @@
+"""What every family's coalition accounting shares (``cfree plan --observers``, ``cfree audit
+--observers``): the members, the report (one row per source outside the coalition with
+``observers``, ``source``, ``distance``, ``factor``, ``rdp``, ``eps``) and its rendering. The
+factors themselves come from the family's accountant."""
+
+from __future__ import annotations
+
+import networkx as nx
+import numpy as np
+
+from coordinator_free.accounting.core import AuditError, units_of
+
+
+def members_of(observers, n: int, *, flag: str = "--observers") -> list[int]:
+    """The coalition's members, sorted, each a node id."""
+    obs = sorted({int(a) for a in observers})
+    bad = [a for a in obs if not 0 <= a < n]
+    if bad or not obs:
+        raise AuditError(f"{flag} {list(observers)}: node ids must be in 0..{n - 1}")
+    return obs
+
+
+def report(cfg, plan, members: list[int], f: np.ndarray, *, ldp_factor: float = 1.0) -> dict:
+    """``f``: every node's factor (the loss over one local-DP release); ``ldp_factor``: the
+    factor of local DP over the whole run (the rounds of a learning protocol)."""
+    units = units_of(plan)
+    hops = nx.multi_source_dijkstra_path_length(plan.graph, set(members))
+    rows = [
+        {
+            "observers": members,
+            "source": u,
+            "distance": int(hops.get(u, -1)),
+            "factor": float(f[u]),
+            **units.loss(float(f[u])),
+        }
+        for u in range(plan.n)
+        if u not in members
+    ]
+    return {
+        "protocol": cfg.protocol.name,
+        "method": "exact",
+        "n": plan.n,
+        "steps": plan.steps,
+        "sigma": plan.sigma,
+        "alpha": plan.alpha,
+        "delta": plan.delta,
+        "observers": members,
+        "ldp": {"factor": ldp_factor, **units.loss(ldp_factor)},
+        "fully_exposed": sum(1 for r in rows if r["factor"] >= ldp_factor * (1 - 1e-9)),
+        "losses": rows,
+    }
+
+
+def print_report(rep: dict) -> None:
+    """The coalition table for people (plan and audit)."""
+    from coordinator_free.accounting import baseline
+    from coordinator_free.accounting.render import table
+
+    rows = rep["losses"]
+    where = f"the view logs of {rep['run_dir']}" if "run_dir" in rep else "the plan"
+    print(
+        f"coalition {rep['observers']}: exact loss of every other node towards the joint view, "
+        f"from {where} (n={rep['n']}, steps={rep['steps']}, sigma={rep['sigma']:g}, "
+        f"alpha={rep['alpha']:g}, delta={rep['delta']:g})"
+    )
+    if rep.get("sigma_cor") is not None:
+        print(f"sigma_cor={rep['sigma_cor']:g}; factor in units of one round of local DP")
+    if rep.get("model"):
+        print(f"model: {rep['model']}")
+    if rep["sigma"] == 0:
+        print(baseline.NO_PRIVACY)
+    print(f"LDP baseline: rdp={rep['ldp']['rdp']:.4f}  eps={rep['ldp']['eps']:.4f}")
+    body = [
+        [
+            str(r["source"]),
+            str(r["distance"]),
+            f"{r['factor']:.4f}",
+            f"{r['rdp']:.4f}",
+            f"{r['eps']:.4f}",
+        ]
+        for r in rows
+    ]
+    print(table(["source", "dist", "factor", "rdp", "eps"], body))
+    if rows:
+        worst = max(r["eps"] for r in rows)
+        mean = sum(r["eps"] for r in rows) / len(rows)
+        print(
+            f"worst eps {worst:.4f}, mean {mean:.4f}; {rep['fully_exposed']} of {len(rows)} "
+            "fully exposed (at local DP: nothing but their own noise hides what the "
+            "coalition saw of them)"
+        )
+    if "run_dir" in rep:
+        state = "fault-free" if rep["fault_free"] else "with faults"
+        print(
+            f"schedule: {state}; basis: {rep['basis']}; {len(rep['integrity'])} integrity finding(s)"
+        )
+    for note in rep.get("notes", []):
+        print(f"note: {note['message']}")
