@@ -305,3 +305,161 @@ def test_decor_coalition_audit_with_a_missing_member_log_is_never_below_the_plan
     assert not rep["complete"]
     for a, b in zip(rep["losses"], planned["losses"], strict=True):
         assert a["factor"] >= b["factor"] - 1e-9
+
+
+# ------------------------------------------------------------------------- learning protocols
+
+
+def _mr_brute(sched, received, members, n):
+    """Q^(u) of a coalition over rounds, brute force: the coefficient row of every message any
+    member got on all R n gradient noises, member columns dropped, projector by SVD."""
+    R, K = len(sched), len(sched[0])
+    h = np.zeros((n, R * n))
+    h[:, :n] = np.eye(n)
+    rows = []
+    seen = sorted({m for a in members for m in received[a]})
+    for r in range(R):
+        cs = [h]
+        for k, (m, g) in enumerate(sched[r]):
+            nxt = m @ cs[-1]
+            if k >= 1 and g != 1.0:
+                nxt = g * nxt + (1.0 - g) * cs[-2]
+            cs.append(nxt)
+        rows += [cs[k][x] for rr, k, x in seen if rr == r]
+        h = cs[K].copy()
+        if r + 1 < R:
+            h[:, (r + 1) * n : (r + 2) * n] += np.eye(n)
+    keep = [j for j in range(R * n) if j % n not in members]
+    a = np.array(rows)[:, keep]
+    _, s, vt = np.linalg.svd(a, full_matrices=False)
+    v = vt[s > 1e-9 * s[0]].T
+    p = v @ v.T
+    q = np.zeros((n, R, R))
+    pos = {j: i for i, j in enumerate(keep)}
+    for u in range(n):
+        if u in members:
+            continue
+        idx = [pos[s * n + u] for s in range(R)]
+        q[u] = p[np.ix_(idx, idx)]
+    return q
+
+
+LEARN = {
+    "dsgd-ring": (EX / "dsgd-breast-cancer.toml", ["graph.kind=ring", "graph.nodes=8", "protocol.rounds=3"]),
+    "muffliato-gd-ring": (
+        EX / "muffliato-gd-breast-cancer.toml",
+        ["graph.kind=ring", "graph.nodes=8", "protocol.rounds=3", "protocol.gossip_steps=2"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("members", [[0], [0, 4], [1, 2]], ids=str)
+@pytest.mark.parametrize("name", LEARN)
+def test_learning_coalition_plan_and_audit_equal_the_brute_force(name, members, tmp_path):
+    from coordinator_free.privacy import multiround
+
+    path, sets = LEARN[name]
+    cfg = config.load(path, [*sets, f"network.deadline_s={DEADLINE}"])
+    fam = family_of(cfg.protocol.name)
+    plan = fam.make_plan(cfg)
+    K = plan.gossip_steps
+    one = [(plan.W, g) for _, g in acct.fault_free_steps(plan.W, K, plan.accelerated, plan.gamma)]
+    sched = [list(one) for _ in range(plan.rounds)]
+    received = {
+        a: [(r, k, x) for r in range(plan.rounds) for k in range(K) for x in plan.neighbours(a)]
+        for a in members
+    }
+    want = _mr_brute(sched, received, members, plan.n)
+    got = multiround.coalition_joint_factors(
+        plan.W, plan.rounds, K, plan.accelerated, members,
+        gamma=plan.gamma if plan.accelerated else None,
+    )  # fmt: skip
+    for u in range(plan.n):
+        if u not in members:
+            assert np.allclose(got.q[u], want[u], atol=1e-8), u
+    planned = fam.coalition_plan(cfg, plan, members)
+    assert [r["factor"] for r in planned["losses"]] == pytest.approx(
+        [float(got.upper[r["source"]]) for r in planned["losses"]]
+    )
+    if len(members) == 1:  # one member: the single-observer joint accountant
+        single = accountant.plan_factors(plan, "exact", observers=members)[0]
+        for r in planned["losses"]:
+            assert r["factor"] == pytest.approx(single[r["source"]], abs=1e-9)
+    run = write_run_dir(cfg, run_config(cfg, seed=2), tmp_path / "run")
+    audited = fam.coalition_audit(run, cfg, plan, members)
+    assert audited["fault_free"] and audited["basis"] == "logs"
+    assert [r["factor"] for r in audited["losses"]] == pytest.approx(
+        [r["factor"] for r in planned["losses"]], abs=1e-9
+    )
+
+
+def test_learning_coalition_audit_with_faults_equals_the_brute_force(tmp_path):
+    path, sets = LEARN["muffliato-gd-ring"]
+    cfg = config.load(path, [*sets, f"network.deadline_s={DEADLINE}"], ["delay:50"])
+    fam = family_of(cfg.protocol.name)
+    plan = fam.make_plan(cfg)
+    run = write_run_dir(cfg, run_config(cfg, Faults.of_config(cfg), seed=4), tmp_path / "run")
+    rp = replay(run, plan)
+    members = [0, 4]
+    audited = fam.coalition_audit(run, cfg, plan, members)
+    assert not audited["fault_free"] and audited["complete"]
+    K = plan.gossip_steps
+    sched = [rp.steps[r * K : (r + 1) * K] for r in range(plan.rounds)]
+    received = {a: [(t // K, t % K, w) for t, w in sorted(rp.received[a])] for a in members}
+    q = _mr_brute(sched, received, members, plan.n)
+    for row in audited["losses"]:  # the reported factor bounds the exact sup over |a_s| <= 1
+        qu = q[row["source"]]
+        signs = np.array(np.meshgrid(*[[-1.0, 1.0]] * plan.rounds)).reshape(plan.rounds, -1)
+        sup = float(np.max(np.einsum("is,ij,js->s", signs, qu, signs)))
+        assert sup - 1e-8 <= row["factor"] <= plan.rounds + 1e-12
+        assert (
+            row["factor"] <= min(plan.rounds * np.linalg.eigvalsh(qu)[-1], np.abs(qu).sum()) + 1e-8
+        )
+
+
+# ------------------------------------------------------------------------- randomized gossip
+
+
+def _pairwise_brute(n, exchanges, members, received):
+    c = np.eye(n)
+    seen = {m for a in members for m in received[a]}
+    rows = [np.eye(n)[a] for a in members]
+    for t, (a, b, ua, ub) in enumerate(exchanges):
+        rows += [c[w].copy() for tt, w in sorted(seen) if tt == t]
+        avg = 0.5 * (c[a] + c[b])
+        if ua:
+            c[a] = avg
+        if ub:
+            c[b] = avg.copy()
+    u, s, _ = np.linalg.svd(np.array(rows).T, full_matrices=False)
+    q = u[:, s > 1e-9 * s[0]]
+    return np.einsum("ij,ij->i", q, q)
+
+
+@pytest.mark.parametrize("members", [[0], [0, 4], [1, 2, 5]], ids=str)
+def test_randomized_coalition_plan_and_audit_equal_the_brute_force(members, tmp_path):
+    from coordinator_free.families.randomized import protocol as rg
+
+    cfg = config.load(
+        EX / "randomized-gossip-ring.toml", ["graph.nodes=8", f"network.deadline_s={DEADLINE}"]
+    )
+    fam = family_of(cfg.protocol.name)
+    plan = fam.make_plan(cfg)
+    exchanges = [(e.a, e.b, True, True) for e in plan.edges]
+    received = {a: rg.fault_free_received(plan, a) for a in members}
+    want = _pairwise_brute(plan.n, exchanges, members, received)
+    planned = fam.coalition_plan(cfg, plan, members)
+    for r in planned["losses"]:
+        assert r["factor"] == pytest.approx(want[r["source"]], abs=1e-9)
+    if len(members) < 3:  # some sources partly hidden
+        assert len({round(r["factor"], 6) for r in planned["losses"]}) > 1
+    if len(members) == 1:
+        single = accountant.plan_factors(plan, "exact", observers=members)[0]
+        for r in planned["losses"]:
+            assert r["factor"] == pytest.approx(single[r["source"]], abs=1e-12)
+    run = write_run_dir(cfg, run_config(cfg, seed=2), tmp_path / "run")
+    audited = fam.coalition_audit(run, cfg, plan, members)
+    assert audited["fault_free"] and audited["basis"] == "logs"
+    assert [r["factor"] for r in audited["losses"]] == pytest.approx(
+        [r["factor"] for r in planned["losses"]], abs=1e-12
+    )

@@ -548,9 +548,13 @@ def _round_basis_exact(rnd: Round, rec_r: frozenset, observer: int, conv: _Conv)
 
 
 def _joint_rational(sched, rec_by, observer, n, conv) -> np.ndarray:
+    """Q of every source (shape (n, R, R)) from the exact joint view; ``observer`` is one node
+    or a coalition (a set of nodes), whose own coordinates are known and dropped."""
+    known = {observer} if isinstance(observer, int) else set(observer)
     rounds = len(sched)
-    m_cols = rounds * (n - 1)
-    keep = np.array([j for j in range(n) if j != observer])
+    keep = np.array([j for j in range(n) if j not in known])
+    width = len(keep)
+    m_cols = rounds * width
     ech = _Echelon(m_cols)
     # H: coefficients of x^{r,0} on (z^0 .. z^r), n x (r+1) n, integer over den.
     h = np.zeros((n, n), dtype=object)
@@ -567,7 +571,7 @@ def _joint_rational(sched, rec_by, observer, n, conv) -> np.ndarray:
             red = np.zeros(m_cols, dtype=object)
             red[...] = 0
             for s in range(r + 1):
-                red[s * (n - 1) : (s + 1) * (n - 1)] = row[s * n + keep]
+                red[s * width : (s + 1) * width] = row[s * n + keep]
             if any(red):
                 ech.add(_content_free(red))
         if r + 1 < rounds and not ech.full:
@@ -585,11 +589,8 @@ def _joint_rational(sched, rec_by, observer, n, conv) -> np.ndarray:
                 )
     o = ech.orthonormal()  # rho x m_cols
     q = np.zeros((n, rounds, rounds))
-    for u in range(n):
-        if u == observer:
-            continue
-        j = u if u < observer else u - 1
-        cols = o[:, j :: n - 1] if n > 1 else o[:, :0]
+    for j, u in enumerate(keep.tolist()):
+        cols = o[:, j::width]
         q[u] = cols.T @ cols
     return q
 
@@ -872,18 +873,75 @@ def joint_factors(
     for r, b in enumerate(bases):
         f = np.clip(np.einsum("ij,ij->i", b, b), 0.0, 1.0)
         per += np.where(per_sup[r], f, 0.0)
-    jac = np.where(joint_sup[:, None, None], jac, 0.0)
+    tau = RATIONAL_ENTRY_TOL if label == "rational" else FLOAT_ENTRY_TOL
+    jac, upper, diag, lower = _bounds(jac, joint_sup, [observer], tau)
+    per[observer] = float(rounds)
+    return MultiRoundLoss(upper=upper, diag=diag, per_round=per, method=label, q=jac, lower=lower)
+
+
+def _bounds(jac: np.ndarray, support: np.ndarray, known: list[int], tau: float):
+    """``(q, upper, diag, lower)`` from the Q matrices (module doc), sources outside
+    ``support`` exactly 0 and the ``known`` nodes (the observer or coalition) at R."""
+    rounds = jac.shape[1]
+    jac = np.where(support[:, None, None], jac, 0.0)
     idx = np.arange(rounds)
     jac[:, idx, idx] = np.clip(jac[:, idx, idx], 0.0, 1.0)
-    jac[observer] = np.eye(rounds)
-    tau = RATIONAL_ENTRY_TOL if label == "rational" else FLOAT_ENTRY_TOL
+    for a in known:
+        jac[a] = np.eye(rounds)
     diag = np.clip(np.trace(jac, axis1=1, axis2=2), 0.0, float(rounds))
     lam = np.linalg.eigvalsh(jac)[:, -1]
     upper = np.minimum(
         rounds * (lam + rounds * tau), np.abs(jac).sum(axis=(1, 2)) + rounds**2 * tau
     )
     upper = np.clip(np.maximum(upper, diag), 0.0, float(rounds))
-    upper = np.where(joint_sup, upper, 0.0)
+    upper = np.where(support, upper, 0.0)
     lower = np.clip(np.maximum(diag, jac.sum(axis=(1, 2))), 0.0, upper)
-    upper[observer] = diag[observer] = per[observer] = lower[observer] = float(rounds)
-    return MultiRoundLoss(upper=upper, diag=diag, per_round=per, method=label, q=jac, lower=lower)
+    upper[known] = diag[known] = lower[known] = float(rounds)
+    return jac, upper, diag, lower
+
+
+# ---------------------------------------------------------------------------------------------
+# Coalitions
+# ---------------------------------------------------------------------------------------------
+
+
+def coalition_joint_factors(
+    W: np.ndarray,
+    rounds: int,
+    steps: int,
+    accelerated: bool,
+    members: Sequence[int],
+    *,
+    gamma: float | None = None,
+    schedule: Sequence[Sequence[tuple[np.ndarray, float]]] | None = None,
+    received: dict[int, Iterable[tuple[int, int, int]]] | None = None,
+) -> MultiRoundLoss:
+    """:func:`joint_factors` for a coalition: the members pool their own gradients and every
+    message any of them received (``received``: member -> its (r, k, w); default: every
+    W-neighbour of every member at every step). Exact arithmetic only (the rational path, the
+    members' coordinates dropped); raises :class:`MultiRoundTooLarge` beyond it."""
+    members = sorted({int(a) for a in members})
+    rec: set[tuple[int, int, int]] = set()
+    sched = None
+    w = None
+    for a in members:
+        w, sched, mine = _normalise(
+            W, rounds, steps, accelerated, a, gamma, schedule,
+            None if received is None else received.get(a, ()),
+        )  # fmt: skip
+        rec |= mine
+    n = w.shape[0]
+    if n > RATIONAL_MAX_NODES:
+        raise MultiRoundTooLarge(
+            f"a coalition's joint loss over rounds is computed exactly, for at most "
+            f"{RATIONAL_MAX_NODES} nodes (got {n})"
+        )
+    rounds = len(sched)
+    jac = _joint_rational(sched, _received_by_round(rec, rounds), set(members), n, _Conv())
+    # Exact zeros of the rational path are structural: no observed row holds the source.
+    support = np.any(jac != 0.0, axis=(1, 2))
+    jac, upper, diag, lower = _bounds(jac, support, members, RATIONAL_ENTRY_TOL)
+    return MultiRoundLoss(
+        upper=upper, diag=diag, per_round=np.full(n, np.nan), method="rational", q=jac,
+        lower=lower,
+    )  # fmt: skip

@@ -86,20 +86,43 @@ def exact_factors(
     :class:`ExactTooLargeError` above ``RATIONAL_MAX_NODES`` nodes or ``RATIONAL_MAX_BITS``-bit
     coefficients."""
     rec = _check(n, exchanges, observer, received)
+    return _exact(n, exchanges, [observer], {t: [w] for t, w in rec.items()})
+
+
+def coalition_exact_factors(
+    n: int,
+    exchanges: Sequence[Exchange],
+    members: Sequence[int],
+    received: dict[int, Iterable[tuple[int, int]]],
+) -> np.ndarray:
+    """:func:`exact_factors` towards a coalition: the members pool their own inputs and every
+    value any of them received (``received``: member -> its (t, w)); members get 1."""
+    members = sorted({int(a) for a in members})
+    rec: dict[int, list[int]] = {}
+    for a in members:
+        for t, w in _check(n, exchanges, a, received.get(a, ())).items():
+            rec.setdefault(t, []).append(w)
+    return _exact(n, exchanges, members, rec)
+
+
+def _exact(
+    n: int, exchanges: Sequence[Exchange], known: list[int], rec: dict[int, list[int]]
+) -> np.ndarray:
     if n > RATIONAL_MAX_NODES:
         raise ExactTooLargeError(
             f"the exact pairwise loss uses exact arithmetic, up to {RATIONAL_MAX_NODES} nodes "
             f"(got {n})"
         )
+    drop = set(known)
     rows = [[1 if i == j else 0 for j in range(n)] for i in range(n)]
     exps = [0] * n  # row v = rows[v] / 2^exps[v]
     basis: list[tuple[int, list[int]]] = []
-    full = n - 1
+    full = n - len(drop)
     last = max(rec, default=-1)
     for t in range(last + 1):
         if t in rec:
-            w = rec[t]
-            basis = _reduce_into(basis, [c for j, c in enumerate(rows[w]) if j != observer])
+            for w in rec[t]:
+                basis = _reduce_into(basis, [c for j, c in enumerate(rows[w]) if j not in drop])
             if len(basis) == full or t == last:
                 break
         a, b, ua, ub = exchanges[t]
@@ -122,7 +145,20 @@ def exact_factors(
             rows[a], exps[a] = avg, e
         if ub:
             rows[b], exps[b] = list(avg), e
-    return projector_diagonal(basis, n, observer)
+    return projector_diagonal(basis, n, known if len(known) > 1 else known[0])
+
+
+def coalition_structural_factors(
+    n: int,
+    exchanges: Sequence[Exchange],
+    members: Sequence[int],
+    received: dict[int, Iterable[tuple[int, int]]],
+) -> np.ndarray:
+    """:func:`structural_factors` towards a coalition (any n): the largest over the members."""
+    out = np.zeros(n)
+    for a in sorted({int(a) for a in members}):
+        out = np.maximum(out, structural_factors(n, exchanges, a, received.get(a, ())))
+    return out
 
 
 def structural_factors(

@@ -28,6 +28,16 @@ class Randomized(Gossip, Family):
 
         return make_plan(cfg)
 
+    def coalition_plan(self, cfg, plan, observers):
+        from coordinator_free.families.randomized import coalition
+
+        return coalition.plan_report(cfg, plan, observers)
+
+    def coalition_audit(self, run_dir, cfg, plan, observers):
+        from coordinator_free.families.randomized import coalition
+
+        return coalition.audit_report(run_dir, cfg, plan, observers)
+
     def node_engine(self, cfg, plan, node, streams):
         from coordinator_free.families.randomized.node import engine
 

@@ -1,0 +1,90 @@
+"""Colluding observers in randomized gossip: the exact loss of every source outside a coalition
+towards the members' pooled view (their own inputs and every value any of them received in an
+exchange), for the public exchange sequence (plan) or the exchanges the logs show (audit).
+
+Exact arithmetic up to 64 nodes (``privacy.pairwise.coalition_exact_factors``); beyond, the
+structural bound: 1 for every source whose input reached a value a member saw."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from coordinator_free.accounting.coalition import members_of, report
+from coordinator_free.families.randomized import protocol as rg
+from coordinator_free.privacy import muffliato as acct
+from coordinator_free.privacy import pairwise as pw
+
+
+def _factors(plan, exchanges, members, received, notes: list) -> np.ndarray:
+    try:
+        return pw.coalition_exact_factors(plan.n, exchanges, members, received)
+    except acct.ExactTooLargeError as exc:
+        notes.append(
+            {
+                "kind": "exact-structural-bound",
+                "message": f"{exc}: 1 for every source whose input reached a value a member "
+                "saw, an upper bound",
+            }
+        )
+        return pw.coalition_structural_factors(plan.n, exchanges, members, received)
+
+
+def plan_factors(plan, members: list[int], notes: list) -> np.ndarray:
+    exchanges = [(e.a, e.b, True, True) for e in plan.edges]
+    received = {a: rg.fault_free_received(plan, a) for a in members}
+    return _factors(plan, exchanges, members, received, notes)
+
+
+def plan_report(cfg, plan, observers) -> dict:
+    members = members_of(observers, plan.n)
+    notes: list = []
+    rep = report(cfg, plan, members, plan_factors(plan, members, notes))
+    rep["notes"] = notes
+    return rep
+
+
+def audit_report(run_dir: Path, cfg, plan, observers) -> dict:
+    """The same for the exchanges the logs show; a member without a usable log puts every source
+    at local DP, and a damaged log anywhere floors each loss at the plan."""
+    from coordinator_free.families.averaging.accountant import replay
+
+    members = members_of(observers, plan.n)
+    rp = replay(run_dir, plan)
+    notes: list = []
+    unknown = [a for a in members if a not in rp.logged]
+    if unknown:
+        f = np.ones(plan.n)
+        basis = "worst-case"
+        notes.append(
+            {
+                "kind": "member-without-log",
+                "message": f"member(s) {unknown} have no usable view log, so what the coalition "
+                "saw is unknown: every source is reported at local DP",
+            }
+        )
+    else:
+        exchanges = [
+            (e.a, e.b, bool(rp.steps[e.t][0][e.a, e.b] != 0.0), bool(rp.steps[e.t][0][e.b, e.a] != 0.0))
+            for e in plan.edges
+        ]  # fmt: skip
+        received = {a: sorted(rp.received[a]) for a in members}
+        f = _factors(plan, exchanges, members, received, notes)
+        basis = "logs"
+        if rp.integrity:
+            planned = plan_factors(plan, members, notes)
+            if np.any(planned > f + 1e-12):
+                basis = "logs, floored at the plan"
+            f = np.maximum(f, planned)
+    rep = report(cfg, plan, members, f)
+    rep.update(
+        run_dir=str(run_dir),
+        fault_free=rp.fault_free,
+        complete=not rp.integrity,
+        basis=basis,
+        realised={"missed": rp.missed, "late": rp.late},
+        integrity=rp.integrity,
+        notes=notes,
+    )
+    return rep
