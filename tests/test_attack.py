@@ -192,11 +192,8 @@ def test_plan_observers_gives_one_row_per_source_outside_the_coalition(tmp_path)
         seen["eps"]
     )
     assert one["fully_exposed"] == 6
-    bad = _cfree("plan", REPO / "examples" / "ring-sum.toml", "--observers", "1", cwd=tmp_path)
-    assert (
-        bad.returncode == 2
-        and "not accounted for protocol ring-sum: it reports single observers" in bad.stderr
-    )
+    bad = _cfree("plan", ring, "--observers", "0,8", "--source", "3", cwd=tmp_path)
+    assert bad.returncode == 2 and "--observers gives the exact loss of every source" in bad.stderr
 
 
 def test_plain_gossip_is_accepted_for_muffliato_only_and_labelled_no_privacy(tmp_path):

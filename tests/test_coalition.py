@@ -179,9 +179,9 @@ def test_cli_plan_and_audit_agree_and_other_families_are_refused(tmp_path, capsy
     assert "from the view logs of" in text and "basis: logs" in text
     assert not (run / "audit.json").exists()  # a coalition audit writes nothing
     ring_sum = Path(coordinator_free.__file__).resolve().parents[1] / "examples" / "ring-sum.toml"
-    assert _cli("plan", ring_sum, "--observers", "0,1") == 2
+    assert _cli("plan", ring_sum, "--coalition-growth", "2") == 2
     err = capsys.readouterr().err
-    assert "colluding observers are not accounted for protocol ring-sum" in err
+    assert "--coalition-growth is computed for protocol muffliato only, not ring-sum" in err
     assert _cli("audit", run, "--observers", "0,x") == 2
     assert "expected node ids separated by commas" in capsys.readouterr().err
 
@@ -463,3 +463,144 @@ def test_randomized_coalition_plan_and_audit_equal_the_brute_force(members, tmp_
     assert [r["factor"] for r in audited["losses"]] == pytest.approx(
         [r["factor"] for r in planned["losses"]], abs=1e-12
     )
+
+
+# ------------------------------------------------------------------------------ token walks
+
+
+def _walk_sum_brute(plan, walks, members):
+    """The coalition's Gaussian view of every running sum, built explicitly: tau_r for every r
+    it observed, its members' steps subtracted; covariance sum of the other steps' noise
+    variances, mean shift of u the count of u's data steps before r; F = m^T Sigma^+ m (inf
+    when m leaves the range of Sigma). Tokens are independent, so their factors add."""
+    from coordinator_free.families.walk import coalition as wc
+
+    F = np.zeros(plan.n)
+    for w in walks:
+        obs = wc._observations(w, members)
+        var = plan.noise_vars(w.length)
+        other = ~np.isin(w.holders, members)
+        cov = np.array(
+            [[var[: min(r, q)][other[: min(r, q)]].sum() for q in obs] for r in obs], dtype=float
+        )
+        for u in range(plan.n):
+            if u in members:
+                continue
+            mine = (w.holders == u) & w.data
+            m = np.array([mine[:r].sum() for r in obs], dtype=float)
+            if not m.any():
+                continue
+            x, *_ = np.linalg.lstsq(cov, m, rcond=None)
+            if np.linalg.norm(cov @ x - m) > 1e-9 * max(1.0, np.linalg.norm(m)):
+                F[u] = np.inf
+            else:
+                F[u] += float(m @ x)
+    return F
+
+
+WALK_SUMS = {
+    "ring-sum": (EX / "ring-sum.toml", ["graph.nodes=6", "protocol.cycles=2"]),
+    "ring-sum-distributed": (
+        EX / "ring-sum.toml",
+        ["graph.nodes=6", "protocol.cycles=2", "protocol.distributed_noise=true"],
+    ),
+    "complete-sum": (EX / "complete-sum.toml", ["graph.nodes=5", "protocol.hops=30"]),
+}
+
+
+@pytest.mark.parametrize("members", [[0], [0, 2], [1, 3, 4]], ids=str)
+@pytest.mark.parametrize("name", WALK_SUMS)
+def test_walk_sum_coalition_plan_and_audit_equal_the_explicit_gaussian_view(
+    name, members, tmp_path
+):
+    from coordinator_free.families.walk import accountant as wa
+
+    path, sets = WALK_SUMS[name]
+    cfg = config.load(path, [*sets, f"network.deadline_s={DEADLINE}"])
+    fam = family_of(cfg.protocol.name)
+    plan = fam.make_plan(cfg)
+    walks = wa.sampled_walks(cfg, plan)
+    want = _walk_sum_brute(plan, walks, members)
+    planned = fam.coalition_plan(cfg, plan, members)
+    for r in planned["losses"]:
+        if np.isinf(want[r["source"]]):
+            assert r["factor"] == np.inf and r["eps"] == np.inf
+        else:
+            assert r["factor"] == pytest.approx(want[r["source"]], rel=1e-9, abs=1e-12)
+    if len(members) == 1:  # one member: the single-observer accountant
+        single = wa.realised_factors(plan, walks, members[0])
+        for r in planned["losses"]:
+            assert r["factor"] == pytest.approx(single[r["source"]], rel=1e-12)
+    # The audit: the same on the walks the logs show (on a complete graph each hop is drawn
+    # by its holder, so the run's walk is not the public sample; on the ring it is the plan's).
+    run = write_run_dir(cfg, run_config(cfg, seed=cfg.run.seed), tmp_path / "run")
+    audited = fam.coalition_audit(run, cfg, plan, members)
+    assert audited["fault_free"] and audited["basis"] == "logs"
+    rp = wa.replay(run, plan, [])
+    seen = _walk_sum_brute(plan, rp.walks, members)
+    for r in audited["losses"]:
+        if np.isinf(seen[r["source"]]):
+            assert r["eps"] == np.inf
+        else:
+            assert r["factor"] == pytest.approx(seen[r["source"]], rel=1e-9, abs=1e-12)
+    if plan.ring:
+        assert [r["eps"] for r in audited["losses"]] == pytest.approx(
+            [r["eps"] for r in planned["losses"]], rel=1e-9
+        )
+
+
+def test_two_colluders_around_a_ring_node_recover_its_contribution():
+    """Ring summation with the noise added once: the window between the two neighbours of a
+    node holds its contribution alone, so the pair learns it exactly (eps inf, above local DP);
+    with noise distributed over the hops it stays finite."""
+    path, sets = WALK_SUMS["ring-sum"]
+    cfg = config.load(path, sets)
+    fam = family_of(cfg.protocol.name)
+    rep = fam.coalition_plan(cfg, fam.make_plan(cfg), [0, 2])
+    row = next(r for r in rep["losses"] if r["source"] == 1)
+    assert row["eps"] == np.inf
+    cfg = config.load(path, [*sets, "protocol.distributed_noise=true"])
+    rep = fam.coalition_plan(cfg, fam.make_plan(cfg), [0, 2])
+    assert np.isfinite(next(r for r in rep["losses"] if r["source"] == 1)["eps"])
+
+
+@pytest.mark.parametrize(
+    "path, sets",
+    [
+        (EX / "ring-histogram.toml", ["graph.nodes=5", "protocol.cycles=2"]),
+        (EX / "complete-sgd.toml", ["graph.nodes=5", "protocol.hops=40"]),
+    ],
+    ids=["ring-histogram", "complete-sgd"],
+)
+def test_walk_histogram_and_sgd_coalitions(path, sets, tmp_path):
+    from coordinator_free.families.walk import accountant as wa
+
+    cfg = config.load(path, [*sets, f"network.deadline_s={DEADLINE}"])
+    fam = family_of(cfg.protocol.name)
+    plan = fam.make_plan(cfg)
+    walks = wa.sampled_walks(cfg, plan)
+    for v in range(plan.n):  # one member: the single-observer accountant
+        single = wa.exact_losses(plan, walks, [v])[v]
+        rep = fam.coalition_plan(cfg, plan, [v])
+        for r in rep["losses"]:
+            assert r["eps"] == pytest.approx(single[r["source"]]["eps"], rel=1e-12)
+    run = write_run_dir(cfg, run_config(cfg, seed=cfg.run.seed), tmp_path / "run")
+    planned = fam.coalition_plan(cfg, plan, [0, 2])
+    audited = fam.coalition_audit(run, cfg, plan, [0, 2])
+    assert audited["fault_free"]
+    rp = wa.replay(run, plan, [])
+    from coordinator_free.families.walk import coalition as wc
+
+    on_logs = wc.losses(plan, rp.walks, [0, 2])
+    assert [r["eps"] for r in audited["losses"]] == pytest.approx(
+        [on_logs[r["source"]]["eps"] for r in audited["losses"]], rel=1e-12
+    )
+    if plan.ring:
+        assert [r["eps"] for r in audited["losses"]] == pytest.approx(
+            [r["eps"] for r in planned["losses"]], rel=1e-9
+        )
+    (run / "logs" / "node-2.vlog").unlink()
+    worst = fam.coalition_audit(run, cfg, plan, [0, 2])
+    assert worst["basis"] == "worst-case"
+    for a, b in zip(worst["losses"], planned["losses"], strict=True):
+        assert a["eps"] >= b["eps"] - 1e-12

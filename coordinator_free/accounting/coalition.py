@@ -20,19 +20,28 @@ def members_of(observers, n: int, *, flag: str = "--observers") -> list[int]:
     return obs
 
 
-def report(cfg, plan, members: list[int], f: np.ndarray, *, ldp_factor: float = 1.0) -> dict:
+def report(
+    cfg,
+    plan,
+    members: list[int],
+    f: np.ndarray | None,
+    *,
+    ldp_factor: float = 1.0,
+    entries: list[dict] | None = None,
+    ldp: dict | None = None,
+) -> dict:
     """``f``: every node's factor (the loss over one local-DP release); ``ldp_factor``: the
-    factor of local DP over the whole run (the rounds of a learning protocol)."""
+    factor of local DP over the whole run (the rounds of a learning protocol). A family whose
+    losses are not all Gaussian passes ``entries`` (per node ``{"factor", "rdp", "eps"}``,
+    factor and rdp None for an eps-only bound) and its ``ldp`` entry instead."""
     units = units_of(plan)
+    if entries is None:
+        entries = [{"factor": float(x), **units.loss(float(x))} for x in f]
+    if ldp is None:
+        ldp = {"factor": ldp_factor, **units.loss(ldp_factor)}
     hops = nx.multi_source_dijkstra_path_length(plan.graph, set(members))
     rows = [
-        {
-            "observers": members,
-            "source": u,
-            "distance": int(hops.get(u, -1)),
-            "factor": float(f[u]),
-            **units.loss(float(f[u])),
-        }
+        {"observers": members, "source": u, "distance": int(hops.get(u, -1)), **entries[u]}
         for u in range(plan.n)
         if u not in members
     ]
@@ -45,10 +54,18 @@ def report(cfg, plan, members: list[int], f: np.ndarray, *, ldp_factor: float = 
         "alpha": plan.alpha,
         "delta": plan.delta,
         "observers": members,
-        "ldp": {"factor": ldp_factor, **units.loss(ldp_factor)},
-        "fully_exposed": sum(1 for r in rows if r["factor"] >= ldp_factor * (1 - 1e-9)),
+        "ldp": ldp,
+        "fully_exposed": sum(1 for r in rows if _at_ldp(r, ldp)),
         "losses": rows,
     }
+
+
+def _at_ldp(row: dict, ldp: dict) -> bool:
+    """At (or above) local DP: by the factor where there is one (at sigma = 0 every eps is
+    inf or 0), else by eps."""
+    if row.get("factor") is not None and ldp.get("factor") is not None:
+        return row["factor"] >= ldp["factor"] * (1 - 1e-9)
+    return row["eps"] >= ldp["eps"] * (1 - 1e-9)
 
 
 def print_report(rep: dict) -> None:
@@ -69,15 +86,14 @@ def print_report(rep: dict) -> None:
         print(f"model: {rep['model']}")
     if rep["sigma"] == 0:
         print(baseline.NO_PRIVACY)
-    print(f"LDP baseline: rdp={rep['ldp']['rdp']:.4f}  eps={rep['ldp']['eps']:.4f}")
+    rdp = rep["ldp"].get("rdp")
+    print(f"LDP baseline: rdp={'-' if rdp is None else f'{rdp:.4f}'}  eps={rep['ldp']['eps']:.4f}")
+
+    def num(x) -> str:
+        return "-" if x is None else f"{x:.4f}"
+
     body = [
-        [
-            str(r["source"]),
-            str(r["distance"]),
-            f"{r['factor']:.4f}",
-            f"{r['rdp']:.4f}",
-            f"{r['eps']:.4f}",
-        ]
+        [str(r["source"]), str(r["distance"]), num(r["factor"]), num(r["rdp"]), num(r["eps"])]
         for r in rows
     ]
     print(table(["source", "dist", "factor", "rdp", "eps"], body))
@@ -89,6 +105,12 @@ def print_report(rep: dict) -> None:
             "fully exposed (at local DP: nothing but their own noise hides what the "
             "coalition saw of them)"
         )
+        above = sum(1 for r in rows if r["eps"] > rep["ldp"]["eps"] * (1 + 1e-9))
+        if above:
+            print(
+                f"{above} source(s) lose more than local DP: the coalition isolates their "
+                "contributions under less noise than local DP assumes (eps inf: under none)"
+            )
     if "run_dir" in rep:
         state = "fault-free" if rep["fault_free"] else "with faults"
         print(

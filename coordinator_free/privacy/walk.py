@@ -93,8 +93,10 @@ def _check_delta(delta: float, name: str = "delta") -> None:
 
 
 def _check_walk(
-    holders: np.ndarray, data: np.ndarray, obs: np.ndarray, v: int, n: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    holders: np.ndarray, data: np.ndarray, obs: np.ndarray, v, n: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(holders, data, obs, known)``: checked arrays, ``known`` the observer (an int) or a
+    coalition (several node ids) as a sorted id array."""
     h = np.asarray(holders)
     if h.ndim != 1:
         raise ValueError("holders must be a 1-d array")
@@ -104,7 +106,8 @@ def _check_walk(
     d = np.asarray(data, dtype=bool)
     if d.shape != h.shape:
         raise ValueError("data must have the same shape as holders")
-    if n < 1 or not (0 <= v < n):
+    known = np.array(sorted({int(v)} if np.isscalar(v) else {int(a) for a in v}), dtype=np.int64)
+    if n < 1 or not known.size or known[0] < 0 or known[-1] >= n:
         raise ValueError(f"need 0 <= v < n, got v={v}, n={n}")
     if h.size and (h.min() < 0 or h.max() >= n):
         raise ValueError("holders must lie in 0..n-1")
@@ -112,10 +115,10 @@ def _check_walk(
     T = h.size
     if o.size and (o[0] < 0 or o[-1] > T):
         raise ValueError("observation steps must lie in 0..T")
-    own = np.flatnonzero(h == v)
+    own = np.flatnonzero(np.isin(h, known))
     if own.size and not np.all(np.isin(own, o)):
         raise ValueError("obs must contain every step made by v")
-    return h, d, o
+    return h, d, o, known
 
 
 def _window_keys(obs: np.ndarray, T: int) -> tuple[np.ndarray, np.ndarray]:
@@ -164,7 +167,8 @@ def sum_factors(
     exact (eps, delta) is :func:`coordinator_free.privacy.rdp.eps_gaussian` of ``rho F``.
     (Note 003 section 4.2, "exact option"; derived here for arbitrary windows.) O(T log T).
     """
-    h, d, o = _check_walk(holders, data, obs, v, n)
+    h, d, o, known = _check_walk(holders, data, obs, v, n)
+    others = ~np.isin(h, known)
     nv = np.asarray(noise_var, dtype=np.float64)
     if nv.shape != h.shape:
         raise ValueError("noise_var must have the same shape as holders")
@@ -174,7 +178,7 @@ def sum_factors(
     if o.size == 0 or h.size == 0:
         return F
     key, seen = _window_keys(o, h.size)
-    other = seen & (h != v)
+    other = seen & others
     V = np.bincount(key[other], weights=nv[other], minlength=o.size)
     sel = other & d
     w, u, k = _groups(key[sel], h[sel], n)
@@ -184,7 +188,7 @@ def sum_factors(
     with np.errstate(divide="ignore"):
         contrib = np.where(Vw > 0.0, k.astype(np.float64) ** 2 / np.where(Vw > 0, Vw, 1.0), np.inf)
     F += np.bincount(u, weights=contrib, minlength=n)
-    F[v] = 0.0
+    F[known] = 0.0
     return F
 
 
@@ -269,12 +273,13 @@ def sgd_factors(
     Only the candidate hull vertices ``(0, 0), (d_2, 1), ..., (d_k, k-1), (L, k)`` (``d_j =
     p_j - p_1``: the last point of each level of the staircase) are examined: O(k) per window.
     """
-    h, d, o = _check_walk(holders, data, obs, v, n)
+    h, d, o, known = _check_walk(holders, data, obs, v, n)
+    others = ~np.isin(h, known)
     F = np.zeros(n, dtype=np.float64)
     if o.size == 0 or h.size == 0:
         return F
     key, seen = _window_keys(o, h.size)
-    sel = np.flatnonzero(seen & (h != v) & d)
+    sel = np.flatnonzero(seen & others & d)
     if sel.size == 0:
         return F
     gk = key[sel] * n + h[sel]
@@ -295,7 +300,7 @@ def sgd_factors(
         xs = [0.0, *off[1:].tolist(), float(L[g])]
         ys = [float(j) for j in range(k + 1)]
         F[u_of[g]] += _lower_hull_energy(xs, ys)
-    F[v] = 0.0
+    F[known] = 0.0
     return F
 
 
@@ -322,16 +327,17 @@ def hist_windows(
     ``tau_0`` itself, i.e. ``obs[0] == 0``, it knows them too). Windows where u has no output are
     omitted (they cost nothing); ``result[v] == []``.
     """
-    h, d, o = _check_walk(holders, data, obs, v, n)
+    h, d, o, known = _check_walk(holders, data, obs, v, n)
+    others = ~np.isin(h, known)
     if init_items < 0:
         raise ValueError("init_items must be >= 0")
     out: list[list[tuple[int, int]]] = [[] for _ in range(n)]
     if o.size == 0 or h.size == 0:
         return out
     key, seen = _window_keys(o, h.size)
-    sel = seen & (h != v) & d
+    sel = seen & others & d
     M = np.bincount(key[sel], minlength=o.size).astype(np.int64)
-    if init_items and init_owner != v and o[0] > 0:
+    if init_items and init_owner not in known and o[0] > 0:
         M[0] += init_items
     w, u, k = _groups(key[sel], h[sel], n)
     for wi, ui, ki in zip(w.tolist(), u.tolist(), k.tolist(), strict=True):

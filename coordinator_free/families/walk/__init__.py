@@ -73,6 +73,16 @@ class Walk(Family):
 
         return accountant.calibrate(cfg, target_eps, method=method, budget=budget)
 
+    def coalition_plan(self, cfg, plan, observers):
+        from coordinator_free.families.walk import coalition
+
+        return coalition.plan_report(cfg, plan, observers)
+
+    def coalition_audit(self, run_dir, cfg, plan, observers):
+        from coordinator_free.families.walk import coalition
+
+        return coalition.audit_report(run_dir, cfg, plan, observers)
+
     def node_engine(self, cfg, plan, node, streams):
         from coordinator_free.families.walk.node import engine
 
