@@ -578,12 +578,12 @@ def validate(cfg: Config) -> None:
     if d.kind == "bernoulli" and not 0 <= d.p <= 1:
         raise ConfigError(f"{s}: data.p must be in [0, 1]")
     pv = cfg.privacy
-    if not (1e-150 < pv.sigma < 1e150 or (pv.sigma == 0 and fam.plain_gossip)):
+    if not (1e-150 < pv.sigma < 1e150 or (pv.sigma == 0 and pr.name in catalog.NO_NOISE)):
         raise ConfigError(
             f"{s}: privacy.sigma must be in (1e-150, 1e150), got {pv.sigma}"
             + (
-                " (sigma = 0, plain gossip without privacy, is accepted for protocol "
-                f"{' and '.join(catalog.AVERAGING)} only, to demonstrate `cfree attack`)"
+                " (sigma = 0, plain gossip or D-GD without privacy, is accepted for protocols "
+                f"{', '.join(catalog.NO_NOISE)} only, to demonstrate `cfree attack`)"
                 if pv.sigma == 0
                 else ""
             )

@@ -219,15 +219,12 @@ NO_PRIVACY = "sigma = 0: plain gossip, NO PRIVACY"
 
 
 def no_privacy(block: dict) -> list[str]:
-    """The sentences for a report at sigma = 0 (plain gossip, allowed to demonstrate the
+    """The sentences for a report at sigma = 0 (plain gossip or D-GD, allowed to demonstrate the
     attack): local DP is infinite, and so is the loss of every pair whose view depends on the
     source at all."""
-    pairs, seen = block["pairs"], block["exposed"]
     return [
         f"{NO_PRIVACY}: the nodes add no noise, so local DP is eps = inf and any observer whose "
-        "view depends on a source at all loses eps = inf about it.",
-        f"{seen} of {pairs} ordered pairs (source -> observer) are at eps = inf; for the other "
-        f"{pairs - seen} the observer saw nothing that depends on the source (eps = 0). "
-        "`cfree attack RUN --attackers A` shows which private values a coalition reconstructs "
-        "exactly (docs/attacks.md).",
+        "view depends on a source at all loses eps = inf about it (the inf entries); at eps = 0 "
+        "the observer saw nothing that depends on the source. `cfree attack RUN --attackers A` "
+        "shows what a coalition reconstructs (docs/attacks.md).",
     ]

@@ -31,9 +31,6 @@ class Family:
     clocks: bool = False
     #: Whether the protocol adds pairwise-correlated noise (``privacy.sigma_cor``, collusion).
     correlated_noise: bool = False
-    #: Whether privacy.sigma = 0 (plain gossip, no privacy) is accepted, for the attack's
-    #: demonstration (``cfree attack``).
-    plain_gossip: bool = False
 
     # ------------------------------------------------------------------ what kind of protocol
 

@@ -23,3 +23,7 @@ WALK = (
 LEARNING_ALL = LEARNING + DECOR
 #: Every protocol, in the order the docs list them.
 ALL = AVERAGING + RANDOMIZED + LEARNING + DECOR + WALK
+
+#: The protocols that accept privacy.sigma = 0 (plain gossip, plain D-GD: no privacy), to show
+#: what ``cfree attack`` reconstructs without noise.
+NO_NOISE = ("muffliato", "dsgd", "muffliato-gd")

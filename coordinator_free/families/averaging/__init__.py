@@ -49,7 +49,6 @@ class Gossip:
 class Averaging(Gossip, Family):
     name = "averaging"
     protocols = catalog.AVERAGING
-    plain_gossip = True
 
     def validate(self, cfg, source):
         from coordinator_free.families.averaging.validate import validate_values

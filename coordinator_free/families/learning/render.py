@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from coordinator_free.accounting import baseline
 from coordinator_free.accounting.render import fmt, table
 from coordinator_free.families.averaging import render as gossip
 from coordinator_free.families.learning.reference import lines as reference_lines
@@ -36,6 +37,7 @@ def banner(cfg, plan) -> str:
         f"starting {plan.n} peers: {head} on {cfg.graph.kind}, {plan.rounds} rounds x "
         f"{plan.gossip_steps} gossip steps{acc}, step size {plan.step_size}, clip {plan.clip}, "
         f"sigma={plan.sigma}"
+        + (f" ({baseline.NO_PRIVACY.replace('gossip', 'D-GD')})" if plan.sigma == 0 else "")
     )
 
 
