@@ -202,7 +202,9 @@ def test_plain_gossip_is_accepted_for_muffliato_only_and_labelled_no_privacy(tmp
 
     cfg = config.load(None, ["graph.nodes=6", "privacy.sigma=0"])
     assert cfg.privacy.sigma == 0
-    with pytest.raises(ConfigError, match="accepted for protocols muffliato, dsgd, muffliato-gd only"):
+    with pytest.raises(
+        ConfigError, match="accepted for protocols muffliato, dsgd, muffliato-gd only"
+    ):
         config.load(REPO / "examples" / "ring-sum.toml", ["privacy.sigma=0"])
     with pytest.raises(ConfigError, match=r"must be in \(1e-150, 1e150\), got -1"):
         config.load(None, ["privacy.sigma=-1"])
@@ -279,3 +281,94 @@ def test_the_erdos_renyi_table_script_agrees_with_the_accountant():
     assert "0 disagreement(s)" in r.stderr
     rows = [line for line in r.stdout.splitlines() if line.startswith("| 20 |")]
     assert len(rows) == 2 and all("±" in row for row in rows)
+
+
+# ------------------------------------------------------------------ D-GD gradient reconstruction
+
+DSGD = REPO / "examples" / "dsgd-breast-cancer.toml"
+PATH8 = ["graph.kind=path", "graph.nodes=8", "protocol.rounds=8", "privacy.sigma=0",
+         "data.partition=fixed", "data.per_node=1", "protocol.step_size=0.001"]  # fmt: skip
+
+
+def _dgd_attack(sets, own=True, seed=1):
+    from types import SimpleNamespace
+
+    from coordinator_free.families import family_of
+    from coordinator_free.families.learning import attack as lattack
+
+    cfg = config.load(DSGD, sets)
+    plan = family_of(cfg.protocol.name).make_plan(cfg)
+    mr = run_config(cfg, seed=seed)
+    logs = {0: SimpleNamespace(records=[{"k": k, **f} for k, f in mr.logs[0]])}
+    streams = {0: mr.streams.node(0)} if own else {}
+    return lattack.run(Path("memnet"), cfg, plan, [0], logs, streams)
+
+
+def test_dgd_attack_inverts_every_example_on_a_path_from_one_end():
+    res = _dgd_attack(PATH8)
+    assert res["own_models"] == [0]  # recomputed, and equal to the digests in its log
+    assert res["method"] == "ols" and res["inversion"]
+    assert all(r["reconstructed"] for r in res["nodes"])
+    errs = {r["distance"]: r["error"] for r in res["nodes"]}
+    # Gradients change little at step size 0.001; the far end is the worst conditioned.
+    assert np.median(list(errs.values())) < 0.01 and max(errs.values()) < 0.25, errs
+    assert all(r["cosine"] > 0.97 for r in res["nodes"])
+
+
+def test_the_attackers_own_gradients_sharpen_the_reconstruction():
+    """Its own gradients, recomputed and checked against its log's digests, are subtracted
+    (Algorithm 4.3); without them they are estimated like the others' and every error grows."""
+    full = _dgd_attack(PATH8)
+    blind = _dgd_attack(PATH8, own=False)
+    assert full["own_models"] == [0] and blind["own_models"] == []
+    got = {r["node"] for r in full["nodes"] if r["reconstructed"]}
+    seen = {r["node"] for r in blind["nodes"] if r["reconstructed"]}
+    assert seen <= got
+    e_full = np.array([r["error"] for r in full["nodes"]])
+    e_blind = np.array([r["error"] for r in blind["nodes"]])
+    assert e_full.mean() < e_blind.mean() and np.all(e_full <= e_blind + 1e-9)
+
+
+def test_gls_covariance_matches_the_spread_of_estimates_under_the_model():
+    """Under Assumption 4.7 exactly (constant gradients plus Gaussian noise of std sigma), the
+    GLS estimate is unbiased and its spread is the reported std (Eq. 4.8)."""
+    from coordinator_free.families import family_of
+    from coordinator_free.families.learning import attack as lattack
+
+    cfg = config.load(DSGD, [*PATH8[:-1], "privacy.sigma=0.3", "graph.nodes=6"])
+    plan = family_of(cfg.protocol.name).make_plan(cfg)
+    keys = sorted({(t, x) for t in range(plan.rounds) for x in (0, 1)})
+    c = lattack.coefficients(plan, keys)
+    k_mat = c.reshape(len(keys), plan.rounds, plan.n).sum(axis=1)
+    rng = np.random.default_rng(7)
+    gbar = rng.normal(size=(plan.n, 1))
+    theta0 = np.zeros(1)
+    draws = []
+    for _ in range(400):
+        z = np.repeat(gbar[None], plan.rounds, axis=0).reshape(-1, 1)
+        z = z + rng.normal(0.0, plan.sigma, size=z.shape)
+        y = theta0 - plan.step_size * (c @ z)
+        est = lattack.estimate(plan, dict(zip(keys, y, strict=True)), theta0)
+        draws.append(est["gradients"][:, 0])
+    draws = np.array(draws)
+    assert est["method"] == "gls" and est["identifiable"]
+    for u in est["identifiable"]:
+        assert abs(draws[:, u].mean() - gbar[u, 0]) < 4 * est["std"][u] / np.sqrt(len(draws))
+        assert draws[:, u].std() == pytest.approx(est["std"][u], rel=0.15)
+    assert np.allclose(k_mat @ gbar, k_mat @ gbar)  # (k_mat is the thesis' Algorithm 4.2 K)
+
+
+@pytest.mark.slow
+def test_cfree_attack_on_a_real_plain_dgd_run(tmp_path):
+    args = ["run", DSGD]
+    for kv in PATH8:
+        args += ["--set", kv]
+    r = _cfree(*args, "--out", "line8", "--quiet", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = _cfree("attack", "line8", "--attackers", "0", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["own_models"] == [0] and res["inversion"]
+    assert all(row["reconstructed"] and row["error"] < 0.25 for row in res["nodes"])
+    text = _cfree("attack", "line8", "--attackers", "0", cwd=tmp_path).stdout
+    assert "NO PRIVACY" in text and "example rel. error" in text

@@ -110,6 +110,18 @@ class Family:
         logs show; never below the plan's when logs are damaged or missing."""
         raise NotImplementedError(self._no_coalitions(cfg))
 
+    def attack(self, run_dir: Path, cfg, plan, attackers: list[int], logs: dict) -> dict:
+        """``cfree attack``: what the coalition reconstructs from its members' view logs
+        (``logs``: member -> read view log), as ``{"attackers": [...], "nodes": [{"node",
+        "reconstructed", "error", ...}, ...], ...}``."""
+        raise NotImplementedError(
+            f"cfree attack reconstructs gossip averaging (muffliato) and gradient descent over "
+            f"gossip (dsgd, muffliato-gd); protocol {cfg.protocol.name} is not covered"
+        )
+
+    def print_attack(self, result: dict) -> None:
+        self._render("print_attack")(result)
+
     def coalition_growth(self, cfg, plan, k: int, join: str) -> dict:
         """``cfree plan --coalition-growth K``: the worst and mean loss of the nodes outside a
         coalition as 1..K colluders join (``join``: ``greedy`` or ``degree``)."""

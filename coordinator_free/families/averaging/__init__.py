@@ -78,6 +78,16 @@ class Averaging(Gossip, Family):
 
         return coalition.audit_report(run_dir, cfg, plan, observers)
 
+    def attack(self, run_dir, cfg, plan, attackers, logs):
+        from coordinator_free.families.averaging import attack
+
+        return attack.run(run_dir, cfg, plan, attackers, logs)
+
+    def print_attack(self, result):
+        from coordinator_free.families.averaging import attack
+
+        attack.print_result(result)
+
     def coalition_growth(self, cfg, plan, k, join):
         from coordinator_free.families.averaging import coalition
 

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from coordinator_free import rundir
+from coordinator_free.accounting.render import table
 from coordinator_free.errors import CfreeError
 from coordinator_free.privacy import muffliato as acct
 
@@ -151,3 +153,102 @@ def from_logs(run_dir: Path, cfg, plan, members: list[int], logs: dict) -> dict:
                 raise AttackError(f"{where}: seq {rec.get('seq')}: message ({t}, {x}) out of range")
             received[(t, x)] = np.asarray(rec["value"], dtype=np.float64)
     return received
+
+
+def _own_inputs(run_dir: Path, cfg, ids: list[int], n: int):
+    """``(inputs, streams)``: the members' own noisy inputs from their keys (None without keys),
+    and the run's streams (None unless every key is there, for the comparison with the truth)."""
+    from coordinator_free import seeds
+    from coordinator_free.families.averaging import node
+
+    if not rundir.roster_path(run_dir).is_file():
+        return None, None
+    try:
+        streams = seeds.streams_of_run(run_dir, n)
+        own = {a: node.start_value(cfg, a, streams.node(a)) for a in ids}
+    except (OSError, seeds.StreamsError):
+        return None, None
+    try:
+        for u in range(n):
+            streams.node(u).stream(0, u)
+    except (OSError, seeds.StreamsError, AttributeError):
+        return own, None
+    return own, streams
+
+
+def run(run_dir: Path, cfg, plan, ids: list[int], logs: dict) -> dict:
+    """`cfree attack` on a Muffliato run: the knowledge matrix of the coalition's logs, its
+    exact reconstruction, and (where every key is there) the error against the truth."""
+    import networkx as nx
+
+    from coordinator_free.families.averaging import node
+
+    check_run(run_dir, cfg, plan)
+    n = plan.n
+    received = from_logs(run_dir, cfg, plan, ids, logs)
+    own, streams = _own_inputs(run_dir, cfg, ids, n)
+    k = knowledge(plan, ids, received, own)
+    out = reconstruct(k, n)
+    factors = acct.coalition_factors(plan.W, plan.steps, ids)
+    hops = nx.multi_source_dijkstra_path_length(plan.graph, set(ids))
+    nodes = []
+    for u in range(n):
+        if u in ids:
+            continue
+        row = {
+            "node": u,
+            "distance": int(hops.get(u, -1)),
+            "reconstructed": u in out["values"],
+            "factor": float(factors[u]),
+            "error": None,
+        }
+        if u in out["values"]:
+            row["value"] = out["values"][u].tolist()
+            if streams is not None:
+                truth = node.start_value(cfg, u, streams.node(u))
+                row["error"] = float(np.max(np.abs(out["values"][u] - truth)))
+        nodes.append(row)
+    result = {
+        "run_dir": str(run_dir),
+        "attackers": ids,
+        "sigma": cfg.privacy.sigma,
+        "steps": plan.steps,
+        "n": n,
+        "own_inputs": own is not None,
+        "rank": out["rank"],
+        "messages": len(received),
+        "nodes": nodes,
+    }
+    return result
+
+
+def print_result(res: dict) -> None:
+    n = res["n"]
+    ids = res["attackers"]
+    got = [r for r in res["nodes"] if r["reconstructed"]]
+    print(
+        f"coalition {ids}: {res['messages']} messages received over {res['steps']} steps; "
+        f"knowledge matrix rank {res['rank']} of {n}"
+    )
+    if not res["own_inputs"]:
+        print(
+            "  (the attackers' own inputs are unknown here: no keys in the run directory; the "
+            "attack used the received values only)"
+        )
+    rows = []
+    for r in res["nodes"]:
+        err = "" if r["error"] is None else f"{r['error']:.2e}"
+        yes = "yes" if r["reconstructed"] else "no"
+        rows.append([str(r["node"]), str(r["distance"]), yes, f"{r['factor']:.4f}", err])
+    print(table(["node", "dist", "reconstructed", "exact factor", "max |error|"], rows))
+    what = (
+        "their private value x itself is known to the coalition (sigma = 0: plain gossip, NO "
+        "PRIVACY)"
+        if res["sigma"] == 0
+        else f"their noisy input x + N(0, {res['sigma']:g}^2) is known to the coalition"
+    )
+    print(
+        f"{len(got)} of {n - len(ids)} other nodes reconstructed: {what} (exact factor 1: the "
+        "loss equals local DP, nothing is amplified). What it saw does not determine the others "
+        "(exact factor below 1)."
+    )

@@ -37,6 +37,16 @@ class Learning(Gossip, Family):
 
         return make_plan(cfg)
 
+    def attack(self, run_dir, cfg, plan, attackers, logs):
+        from coordinator_free.families.learning import attack
+
+        return attack.run(run_dir, cfg, plan, attackers, logs)
+
+    def print_attack(self, result):
+        from coordinator_free.families.learning import attack
+
+        attack.print_result(result)
+
     def coalition_plan(self, cfg, plan, observers):
         from coordinator_free.families.learning import coalition
 
