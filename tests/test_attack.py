@@ -372,3 +372,16 @@ def test_cfree_attack_on_a_real_plain_dgd_run(tmp_path):
     assert all(row["reconstructed"] and row["error"] < 0.25 for row in res["nodes"])
     text = _cfree("attack", "line8", "--attackers", "0", cwd=tmp_path).stdout
     assert "NO PRIVACY" in text and "example rel. error" in text
+
+
+def test_an_attacker_log_that_is_damaged_is_named(tmp_path, capsys):
+    from coordinator_free.cli import main
+
+    cfg = config.load(None, ["graph.nodes=6", "protocol.steps=3"])
+    run = write_run_dir(cfg, run_config(cfg, None, seed=1), tmp_path / "run")
+    log = run / "logs" / "node-0.vlog"
+    log.write_bytes(log.read_bytes()[:-7])
+    assert main(["attack", str(run), "--attackers", "0", "--json"]) == 0
+    out = capsys.readouterr()
+    assert "attacker 0's log is damaged" in out.err
+    assert json.loads(out.out)["damaged_logs"]["0"]

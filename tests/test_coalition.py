@@ -604,3 +604,56 @@ def test_walk_histogram_and_sgd_coalitions(path, sets, tmp_path):
     assert worst["basis"] == "worst-case"
     for a, b in zip(worst["losses"], planned["losses"], strict=True):
         assert a["eps"] >= b["eps"] - 1e-12
+
+
+# ----------------------------------------------------------------------- damaged logs, fuzzed
+
+FUZZ = {
+    "muffliato": (None, ["graph.kind=ring", "graph.nodes=9", "protocol.steps=3"], [0, 4]),
+    "randomized": (EX / "randomized-gossip-ring.toml", ["graph.nodes=8"], [0, 4]),
+    "dsgd": (EX / "dsgd-breast-cancer.toml", ["graph.nodes=8", "protocol.rounds=3"], [0, 4]),
+    "decor": (EX / "decor-ring.toml", ["graph.nodes=6", "protocol.rounds=4"], [0, 3]),
+    "ring-sum": (EX / "ring-sum.toml", ["graph.nodes=6", "protocol.cycles=2"], [0, 2]),
+    "complete-sum": (EX / "complete-sum.toml", ["graph.nodes=5", "protocol.hops=30"], [0, 2]),
+}
+
+
+def _eps(rep) -> dict[int, float]:
+    return {r["source"]: r["eps"] for r in rep["losses"]}
+
+
+@pytest.mark.parametrize("name", FUZZ)
+def test_a_coalition_audit_of_damaged_logs_never_fails_nor_reports_less(name, tmp_path):
+    """Damaged and forged logs (the auditor fuzzer's mutations, any node's log): the coalition
+    audit returns, and either reports exactly what the intact logs give, or says the logs are
+    not intact and reports no source below the coalition's plan."""
+    from logfuzz import Mutator
+
+    path, sets, members = FUZZ[name]
+    cfg = config.load(path, [*sets, f"network.deadline_s={DEADLINE}"])
+    fam = family_of(cfg.protocol.name)
+    plan = fam.make_plan(cfg)
+    run = write_run_dir(cfg, run_config(cfg, seed=cfg.run.seed), tmp_path / "run")
+    base = _eps(fam.coalition_audit(run, cfg, plan, members))
+    floor = _eps(fam.coalition_plan(cfg, plan, members))
+    mut = Mutator(run, seed=11)
+    flagged = 0
+    for _ in range(30):
+        case = mut.case()
+        log = run / "logs" / f"node-{case.node}.vlog"
+        if case.data is None:
+            log.unlink()
+        else:
+            log.write_bytes(case.data)
+        try:
+            rep = fam.coalition_audit(run, cfg, plan, members)
+        finally:
+            log.write_bytes(mut.raw[case.node])
+        got = _eps(rep)
+        if rep["complete"] and rep["basis"] == "logs":
+            assert got == pytest.approx(base, rel=1e-9), case.what
+        else:
+            flagged += 1
+            for u, e in got.items():
+                assert e >= floor[u] * (1 - 1e-9), (case.what, u, e, floor[u])
+    assert flagged > 0

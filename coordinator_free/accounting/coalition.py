@@ -20,6 +20,15 @@ def members_of(observers, n: int, *, flag: str = "--observers") -> list[int]:
     return obs
 
 
+def inconsistent(exc: Exception, worst: str) -> dict:
+    """The note of a coalition audit whose logs contradict each other (what a member is said to
+    have used it is not said to have received): every source is put at ``worst``."""
+    return {
+        "kind": "inconsistent-schedule",
+        "message": f"the logs contradict each other ({exc}): every source is reported at {worst}",
+    }
+
+
 def report(
     cfg,
     plan,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from coordinator_free import rundir
@@ -76,6 +77,14 @@ def cmd_attack(args) -> int:
         result = family.attack(run_dir, cfg, plan, ids, logs)
     except NotImplementedError as exc:
         raise CliError(str(exc)) from None
+    damaged = {a: [p.message for p in logs[a].problems] for a in ids if logs[a].problems}
+    result["damaged_logs"] = {str(a): msgs for a, msgs in damaged.items()}
+    for a, msgs in damaged.items():
+        print(
+            f"cfree attack: warning: attacker {a}'s log is damaged ({msgs[0]}); the attack used "
+            "the records that could be read",
+            file=sys.stderr,
+        )
     if args.json:
         print(json.dumps(result, indent=1))
         return 0

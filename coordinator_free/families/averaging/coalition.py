@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from coordinator_free import progress
-from coordinator_free.accounting.coalition import members_of, report
+from coordinator_free.accounting.coalition import inconsistent, members_of, report
 from coordinator_free.accounting.core import AuditError, units_of
 from coordinator_free.families.averaging import protocol as mf
 from coordinator_free.privacy import muffliato as acct
@@ -36,16 +36,20 @@ def _check_plan(plan) -> None:
 
 def _schedule_factors(plan, steps, members, received, notes: list) -> np.ndarray:
     try:
-        return acct.coalition_exact_factors(steps, members, received)
-    except acct.ExactTooLargeError:
-        notes.append(
-            {
-                "kind": "exact-upper-bound",
-                "message": f"n={plan.n} with faults: the coalition's 'exact' loss is a Krylov "
-                "upper bound on the exact value",
-            }
-        )
-        return acct.coalition_upper_factors(plan.W, steps, members, received)
+        try:
+            return acct.coalition_exact_factors(steps, members, received)
+        except acct.ExactTooLargeError:
+            notes.append(
+                {
+                    "kind": "exact-upper-bound",
+                    "message": f"n={plan.n} with faults: the coalition's 'exact' loss is a "
+                    "Krylov upper bound on the exact value",
+                }
+            )
+            return acct.coalition_upper_factors(plan.W, steps, members, received)
+    except ValueError as exc:  # logs that contradict each other: nothing to vouch for
+        notes.append(inconsistent(exc, "local DP"))
+        return np.ones(plan.n)
 
 
 def plan_factors(plan, members: list[int], notes: list | None = None) -> np.ndarray:

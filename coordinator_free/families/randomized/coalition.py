@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coordinator_free.accounting.coalition import members_of, report
+from coordinator_free.accounting.coalition import inconsistent, members_of, report
 from coordinator_free.families.randomized import protocol as rg
 from coordinator_free.privacy import muffliato as acct
 from coordinator_free.privacy import pairwise as pw
@@ -19,16 +19,20 @@ from coordinator_free.privacy import pairwise as pw
 
 def _factors(plan, exchanges, members, received, notes: list) -> np.ndarray:
     try:
-        return pw.coalition_exact_factors(plan.n, exchanges, members, received)
-    except acct.ExactTooLargeError as exc:
-        notes.append(
-            {
-                "kind": "exact-structural-bound",
-                "message": f"{exc}: 1 for every source whose input reached a value a member "
-                "saw, an upper bound",
-            }
-        )
-        return pw.coalition_structural_factors(plan.n, exchanges, members, received)
+        try:
+            return pw.coalition_exact_factors(plan.n, exchanges, members, received)
+        except acct.ExactTooLargeError as exc:
+            notes.append(
+                {
+                    "kind": "exact-structural-bound",
+                    "message": f"{exc}: 1 for every source whose input reached a value a member "
+                    "saw, an upper bound",
+                }
+            )
+            return pw.coalition_structural_factors(plan.n, exchanges, members, received)
+    except ValueError as exc:  # logs that contradict each other: nothing to vouch for
+        notes.append(inconsistent(exc, "local DP"))
+        return np.ones(plan.n)
 
 
 def plan_factors(plan, members: list[int], notes: list) -> np.ndarray:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coordinator_free.accounting.coalition import members_of, report
+from coordinator_free.accounting.coalition import inconsistent, members_of, report
 from coordinator_free.families.walk import accountant as wa
 from coordinator_free.privacy import walk as acct
 
@@ -25,14 +25,21 @@ def _observations(walk: wa.RealisedWalk, members: list[int]) -> np.ndarray:
     return np.unique(np.concatenate([wa.observation_steps(walk, a) for a in members]))
 
 
-def losses(plan, walks: list[wa.RealisedWalk], members: list[int]) -> list[dict]:
-    """Per source, its ``exact`` loss entry (``factor``, ``rdp``, ``eps``) towards the coalition."""
+def _every_step(walk: wa.RealisedWalk, members: list[int]) -> np.ndarray:
+    return np.arange(walk.length + 1)
+
+
+def losses(
+    plan, walks: list[wa.RealisedWalk], members: list[int], observe=_observations
+) -> list[dict]:
+    """Per source, its ``exact`` loss entry (``factor``, ``rdp``, ``eps``) towards the coalition
+    (``observe``: the steps it saw of a walk; :func:`_every_step` for a view of every value)."""
     u = wa.units_of(plan)
     if plan.kind == "histogram":
         per_u: list[list[tuple[int, int]]] = [[] for _ in range(plan.n)]
         for w in walks:
             win = acct.hist_windows(
-                w.holders, w.data, _observations(w, members), members, plan.n,
+                w.holders, w.data, observe(w, members), members, plan.n,
                 init_items=plan.init_items, init_owner=plan.start(w.token),
             )  # fmt: skip
             for src in range(plan.n):
@@ -49,7 +56,7 @@ def losses(plan, walks: list[wa.RealisedWalk], members: list[int]) -> list[dict]
         return out
     F = np.zeros(plan.n)
     for w in walks:
-        obs = _observations(w, members)
+        obs = observe(w, members)
         if plan.kind == "sum":
             F += acct.sum_factors(
                 w.holders, w.data, plan.noise_vars(w.length), obs, members, plan.n
@@ -80,26 +87,38 @@ def audit_report(run_dir: Path, cfg, plan, observers) -> dict:
     rp = wa.replay(run_dir, plan, integrity)
     notes: list[dict] = []
     unknown = [a for a in members if not wa._computable(rp, a)]
+    entries = None
+    if not unknown:
+        prefixes = [wa._prefix(w, cut) for w, cut in zip(rp.walks, rp.certain, strict=True)]
+        try:
+            entries = losses(plan, prefixes, members)
+        except ValueError as exc:  # logs that contradict each other: nothing to vouch for
+            notes.append(inconsistent(exc, "the worst case"))
+            unknown = members
     if unknown:
+        # A single observer can learn at most the local-DP loss of all of a source's
+        # contributions; a coalition can learn more (two ring neighbours isolate a contribution
+        # added without noise), so the worst case also takes a view of every value of the
+        # public walks, and the coalition's plan.
         worst = wa.worst_case_losses(cfg, plan, unknown)
+        walks = wa.sampled_walks(cfg, plan)
+        seen_all = losses(plan, walks, members, _every_step)
+        planned = losses(plan, walks, members)
         entries = []
         for src in range(plan.n):
             cands = [wa._loss_entry(worst[a][(src, "exact")]) for a in unknown if a != src]
-            entries.append(
-                max(cands, key=lambda e: e["eps"]) if cands else wa.units_of(plan).eps_only(0.0)
-            )
+            cands += [seen_all[src], planned[src]]
+            entries.append(max(cands, key=lambda e: e["eps"]))
         basis = "worst-case"
         notes.append(
             {
                 "kind": "member-view-unknown",
                 "message": f"the logs cannot tell what member(s) {unknown} saw: every source is "
-                "reported at the worst case (the larger of the plan and the local-DP loss of "
-                "all its contributions)",
+                "reported at the worst case (the largest of the plan, the local-DP loss of all "
+                "its contributions and the loss to a view of every value of the walk)",
             }
         )
     else:
-        prefixes = [wa._prefix(w, cut) for w, cut in zip(rp.walks, rp.certain, strict=True)]
-        entries = losses(plan, prefixes, members)
         basis = "logs"
         if integrity:
             planned = losses(plan, wa.sampled_walks(cfg, plan), members)
