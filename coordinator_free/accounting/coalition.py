@@ -29,6 +29,39 @@ def inconsistent(exc: Exception, worst: str) -> dict:
     }
 
 
+def audited(
+    n: int,
+    unknown: list[int],
+    compute,
+    planned,
+    worst: float,
+    worst_label: str,
+    integrity: list,
+    notes: list,
+) -> tuple[np.ndarray, str]:
+    """``(factors, basis)`` of a coalition audit that never reports less than it can vouch for:
+    ``worst`` for every source when a member has no usable log (``unknown``) or the logs
+    contradict each other (``compute`` noted it); else ``compute(notes)``, floored at
+    ``planned()`` when any log has an integrity finding."""  # fmt: skip
+    if unknown:
+        notes.append(
+            {
+                "kind": "member-without-log",
+                "message": f"member(s) {unknown} have no usable view log, so what the coalition "
+                f"saw is unknown: every source is reported at {worst_label}",
+            }
+        )
+        return np.full(n, float(worst)), "worst-case"
+    f = compute(notes)
+    if any(note.get("kind") == "inconsistent-schedule" for note in notes):
+        return f, "worst-case"
+    if not integrity:
+        return f, "logs"
+    floor = planned()
+    basis = "logs, floored at the plan" if np.any(floor > f + 1e-12) else "logs"
+    return np.maximum(f, floor), basis
+
+
 def report(
     cfg,
     plan,

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from coordinator_free import progress
-from coordinator_free.accounting.coalition import inconsistent, members_of, report
+from coordinator_free.accounting.coalition import audited, inconsistent, members_of, report
 from coordinator_free.accounting.core import AuditError, units_of
 from coordinator_free.families.averaging import protocol as mf
 from coordinator_free.privacy import muffliato as acct
@@ -86,26 +86,17 @@ def audit_report(run_dir: Path, cfg, plan, observers) -> dict:
     members = members_of(observers, plan.n)
     rp = replay(run_dir, plan)
     notes: list = []
-    unknown = [a for a in members if a not in rp.logged]
-    if unknown:
-        f = np.ones(plan.n)
-        basis = "worst-case"
-        notes.append(
-            {
-                "kind": "member-without-log",
-                "message": f"member(s) {unknown} have no usable view log, so what the coalition "
-                "saw is unknown: every source is reported at local DP, the most any view reveals",
-            }
-        )
-    else:
-        received = {a: sorted(rp.received[a]) for a in members}
-        f = _schedule_factors(plan, rp.steps, members, received, notes)
-        basis = "logs"
-        if rp.integrity:
-            planned = plan_factors(plan, members, notes)
-            if np.any(planned > f + 1e-12):
-                basis = "logs, floored at the plan"
-            f = np.maximum(f, planned)
+    received = {a: sorted(rp.received[a]) for a in members if a in rp.logged}
+    f, basis = audited(
+        plan.n,
+        [a for a in members if a not in rp.logged],
+        lambda notes: _schedule_factors(plan, rp.steps, members, received, notes),
+        lambda: plan_factors(plan, members, notes),
+        1.0,
+        "local DP, the most any view reveals",
+        rp.integrity,
+        notes,
+    )
     rep = report(cfg, plan, members, f)
     rep.update(
         run_dir=str(run_dir),

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coordinator_free.accounting.coalition import inconsistent, members_of, report
+from coordinator_free.accounting.coalition import audited, inconsistent, members_of, report
 from coordinator_free.privacy import multiround
 
 
@@ -91,28 +91,23 @@ def audit_report(run_dir: Path, cfg, plan, observers) -> dict:
         rep.update(run_dir=str(run_dir), fault_free=True, complete=True, basis="plan", integrity=[])
         return rep
     rp = replay(run_dir, plan)
-    unknown = [a for a in members if a not in rp.logged]
     K = plan.gossip_steps
-    if unknown:
-        f = np.full(plan.n, float(plan.rounds))
-        basis = "worst-case"
-        notes.append(
-            {
-                "kind": "member-without-log",
-                "message": f"member(s) {unknown} have no usable view log, so what the coalition "
-                "saw is unknown: every source is reported at R-fold local DP",
-            }
-        )
-    else:
-        schedule = [rp.steps[r * K : (r + 1) * K] for r in range(plan.rounds)]
-        received = {a: [(t // K, t % K, w) for t, w in sorted(rp.received[a])] for a in members}
-        f = _bound(plan, members, schedule, received, notes)
-        basis = "logs"
-        if rp.integrity:
-            planned = plan_factors(plan, members, notes)
-            if np.any(planned > f + 1e-12):
-                basis = "logs, floored at the plan"
-            f = np.maximum(f, planned)
+    schedule = [rp.steps[r * K : (r + 1) * K] for r in range(plan.rounds)]
+    received = {
+        a: [(t // K, t % K, w) for t, w in sorted(rp.received[a])]
+        for a in members
+        if a in rp.logged
+    }
+    f, basis = audited(
+        plan.n,
+        [a for a in members if a not in rp.logged],
+        lambda notes: _bound(plan, members, schedule, received, notes),
+        lambda: plan_factors(plan, members, notes),
+        float(plan.rounds),
+        "R-fold local DP",
+        rp.integrity,
+        notes,
+    )
     rep = _report(cfg, plan, members, f, notes)
     rep.update(
         run_dir=str(run_dir),

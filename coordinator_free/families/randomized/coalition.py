@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coordinator_free.accounting.coalition import inconsistent, members_of, report
+from coordinator_free.accounting.coalition import audited, inconsistent, members_of, report
 from coordinator_free.families.randomized import protocol as rg
 from coordinator_free.privacy import muffliato as acct
 from coordinator_free.privacy import pairwise as pw
@@ -57,30 +57,21 @@ def audit_report(run_dir: Path, cfg, plan, observers) -> dict:
     members = members_of(observers, plan.n)
     rp = replay(run_dir, plan)
     notes: list = []
-    unknown = [a for a in members if a not in rp.logged]
-    if unknown:
-        f = np.ones(plan.n)
-        basis = "worst-case"
-        notes.append(
-            {
-                "kind": "member-without-log",
-                "message": f"member(s) {unknown} have no usable view log, so what the coalition "
-                "saw is unknown: every source is reported at local DP",
-            }
-        )
-    else:
-        exchanges = [
-            (e.a, e.b, bool(rp.steps[e.t][0][e.a, e.b] != 0.0), bool(rp.steps[e.t][0][e.b, e.a] != 0.0))
-            for e in plan.edges
-        ]  # fmt: skip
-        received = {a: sorted(rp.received[a]) for a in members}
-        f = _factors(plan, exchanges, members, received, notes)
-        basis = "logs"
-        if rp.integrity:
-            planned = plan_factors(plan, members, notes)
-            if np.any(planned > f + 1e-12):
-                basis = "logs, floored at the plan"
-            f = np.maximum(f, planned)
+    exchanges = [
+        (e.a, e.b, bool(rp.steps[e.t][0][e.a, e.b] != 0.0), bool(rp.steps[e.t][0][e.b, e.a] != 0.0))
+        for e in plan.edges
+    ]  # fmt: skip
+    received = {a: sorted(rp.received[a]) for a in members if a in rp.logged}
+    f, basis = audited(
+        plan.n,
+        [a for a in members if a not in rp.logged],
+        lambda notes: _factors(plan, exchanges, members, received, notes),
+        lambda: plan_factors(plan, members, notes),
+        1.0,
+        "local DP",
+        rp.integrity,
+        notes,
+    )
     rep = report(cfg, plan, members, f)
     rep.update(
         run_dir=str(run_dir),
