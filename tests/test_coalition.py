@@ -179,9 +179,13 @@ def test_cli_plan_and_audit_agree_and_other_families_are_refused(tmp_path, capsy
     assert "from the view logs of" in text and "basis: logs" in text
     assert not (run / "audit.json").exists()  # a coalition audit writes nothing
     ring_sum = Path(coordinator_free.__file__).resolve().parents[1] / "examples" / "ring-sum.toml"
-    assert _cli("plan", ring_sum, "--coalition-growth", "2") == 2
-    err = capsys.readouterr().err
-    assert "--coalition-growth is computed for protocol muffliato only, not ring-sum" in err
+    assert (
+        _cli("plan", ring_sum, "--set", "graph.nodes=8", "--coalition-growth", "2", "--json") == 0
+    )
+    grow = json.loads(capsys.readouterr().out)["growth"]
+    # One observer learns at most local DP on the ring; two neighbours of a node isolate its
+    # noiseless contribution.
+    assert grow[0]["eps_max"] < float("inf") and grow[1]["eps_max"] == float("inf")
     assert _cli("audit", run, "--observers", "0,x") == 2
     assert "expected node ids separated by commas" in capsys.readouterr().err
 
@@ -191,8 +195,8 @@ def test_coalition_growth_rows_are_the_coalitions_own_losses():
         None, ["graph.kind=erdos_renyi", "graph.nodes=20", "graph.p=0.15", "protocol.steps=3"]
     )
     plan = family_of("muffliato").make_plan(cfg)
-    deg = coalition.growth_report(cfg, plan, 4, "degree")
-    greedy = coalition.growth_report(cfg, plan, 4, "greedy")
+    deg = family_of("muffliato").coalition_growth(cfg, plan, 4, "degree")
+    greedy = family_of("muffliato").coalition_growth(cfg, plan, 4, "greedy")
     order = sorted(range(plan.n), key=lambda v: (-plan.graph.degree(v), v))
     for i, row in enumerate(deg["growth"]):
         assert row["observers"] == sorted(order[: i + 1])

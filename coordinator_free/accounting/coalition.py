@@ -8,6 +8,7 @@ from __future__ import annotations
 import networkx as nx
 import numpy as np
 
+from coordinator_free import progress
 from coordinator_free.accounting.core import AuditError, units_of
 
 
@@ -160,3 +161,110 @@ def print_report(rep: dict) -> None:
         )
     for note in rep.get("notes", []):
         print(f"note: {note['message']}")
+
+
+JOINS = ("greedy", "degree")
+
+
+def _growth_row(size: int, rep: dict) -> dict:
+    rows = rep["losses"]
+    eps = [r["eps"] for r in rows]
+    factors = [r["factor"] for r in rows]
+    return {
+        "size": size,
+        "observers": rep["observers"],
+        "eps_max": max(eps),
+        "eps_mean": float(np.mean(eps)),
+        "factor_mean": None if None in factors else float(np.mean(factors)),
+        "fully_exposed": rep["fully_exposed"],
+        "hidden": sum(1 for e in eps if e == 0),
+        "sources": len(rows),
+    }
+
+
+def _score(row: dict) -> tuple:
+    """The greedy join's objective: the mean factor (the mean eps where a family reports eps
+    only), more fully exposed sources first where eps is infinite."""
+    mean = row["factor_mean"] if row["factor_mean"] is not None else row["eps_mean"]
+    return (row["fully_exposed"], mean) if not np.isfinite(mean) else (mean,)
+
+
+def growth_report(cfg, plan, k: int, join: str, coalition_plan) -> dict:
+    """How the loss of the nodes outside a coalition grows as 1..k colluders join (``cfree
+    plan --coalition-growth K``), from the family's coalition plan (``coalition_plan(members)``
+    gives its report). ``greedy`` (the worst case found step by step): each time the node
+    whose joining raises the mean loss over the remaining sources most; ``degree``: the
+    highest-degree nodes first (ties by id). One row per size: members, worst and mean eps,
+    mean factor, how many sources are fully exposed and how many stay hidden (eps 0)."""
+    if join not in JOINS:
+        raise AuditError(f"--join {join!r}: expected one of {', '.join(JOINS)}")
+    if not 1 <= k < plan.n:
+        raise AuditError(f"--coalition-growth {k}: expected 1..{plan.n - 1} (n = {plan.n})")
+    by_degree = sorted(range(plan.n), key=lambda v: (-plan.graph.degree(v), v))
+    members: list[int] = []
+    rows = []
+    rep: dict = {}
+    for size in range(1, k + 1):
+        if join == "degree":
+            members = sorted([*members, by_degree[size - 1]])
+            rep = coalition_plan(members)
+            row = _growth_row(size, rep)
+        else:
+            best = None
+            todo = [c for c in range(plan.n) if c not in members]
+            for i, c in enumerate(todo):
+                trial = coalition_plan(sorted([*members, c]))
+                cand = _growth_row(size, trial)
+                if best is None or _score(cand) > _score(best[0]):
+                    best = (cand, trial)
+                progress.tick(i + 1, len(todo), f"coalition size {size}, candidate")
+            row, rep = best
+            members = row["observers"]
+        rows.append(row)
+    return {
+        "protocol": cfg.protocol.name,
+        "method": "exact",
+        "n": plan.n,
+        "steps": plan.steps,
+        "sigma": plan.sigma,
+        "alpha": plan.alpha,
+        "delta": plan.delta,
+        "join": join,
+        "ldp": rep["ldp"],
+        "growth": rows,
+    }
+
+
+def print_growth(rep: dict) -> None:
+    from coordinator_free.accounting.render import table
+
+    how = (
+        "the node that raises the mean loss most joins next (greedy worst case)"
+        if rep["join"] == "greedy"
+        else "the highest-degree nodes join first"
+    )
+    print(
+        f"coalition growth: {how} (n={rep['n']}, steps={rep['steps']}, sigma={rep['sigma']:g}, "
+        f"alpha={rep['alpha']:g}, delta={rep['delta']:g}); local DP eps={rep['ldp']['eps']:.4f}"
+    )
+    body = [
+        [
+            str(r["size"]),
+            ",".join(map(str, r["observers"])),
+            f"{r['eps_max']:.4f}",
+            f"{r['eps_mean']:.4f}",
+            "-" if r["factor_mean"] is None else f"{r['factor_mean']:.4f}",
+            f"{r['fully_exposed']}/{r['sources']}",
+            f"{r['hidden']}/{r['sources']}",
+        ]
+        for r in rep["growth"]
+    ]
+    print(
+        table(
+            ["size", "coalition", "eps max", "eps mean", "factor mean", "exposed", "hidden"], body
+        )
+    )
+    print(
+        "exposed: sources at (or above) local DP towards the coalition; hidden: sources none of "
+        "whose input reached it (eps 0)"
+    )

@@ -124,10 +124,12 @@ class Family:
 
     def coalition_growth(self, cfg, plan, k: int, join: str) -> dict:
         """``cfree plan --coalition-growth K``: the worst and mean loss of the nodes outside a
-        coalition as 1..K colluders join (``join``: ``greedy`` or ``degree``)."""
-        raise NotImplementedError(
-            f"--coalition-growth is computed for protocol muffliato only, not "
-            f"{cfg.protocol.name} (docs/attacks.md)"
+        coalition as 1..K colluders join (``join``: ``greedy`` or ``degree``), from
+        :meth:`coalition_plan`."""
+        from coordinator_free.accounting.coalition import growth_report
+
+        return growth_report(
+            cfg, plan, k, join, lambda members: self.coalition_plan(cfg, plan, members)
         )
 
     def print_coalition(self, rep: dict) -> None:
@@ -136,7 +138,9 @@ class Family:
         print_report(rep)
 
     def print_growth(self, rep: dict) -> None:
-        self._render("print_growth")(rep)
+        from coordinator_free.accounting.coalition import print_growth
+
+        print_growth(rep)
 
     def _no_coalitions(self, cfg) -> str:
         return (

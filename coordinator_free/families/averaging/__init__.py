@@ -88,16 +88,6 @@ class Averaging(Gossip, Family):
 
         attack.print_result(result)
 
-    def coalition_growth(self, cfg, plan, k, join):
-        from coordinator_free.families.averaging import coalition
-
-        return coalition.growth_report(cfg, plan, k, join)
-
-    def print_growth(self, rep):
-        from coordinator_free.families.averaging import coalition
-
-        coalition.print_growth(rep)
-
     def node_engine(self, cfg, plan, node, streams):
         from coordinator_free.families.averaging.node import engine
 

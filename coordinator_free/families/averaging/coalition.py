@@ -20,9 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from coordinator_free import progress
 from coordinator_free.accounting.coalition import audited, inconsistent, members_of, report
-from coordinator_free.accounting.core import AuditError, units_of
+from coordinator_free.accounting.core import AuditError
 from coordinator_free.families.averaging import protocol as mf
 from coordinator_free.privacy import muffliato as acct
 
@@ -108,100 +107,3 @@ def audit_report(run_dir: Path, cfg, plan, observers) -> dict:
         notes=notes,
     )
     return rep
-
-
-JOINS = ("greedy", "degree")
-
-
-def growth_report(cfg, plan, k: int, join: str = "greedy") -> dict:
-    """How the loss of the nodes outside a coalition grows as 1..k colluders join (``cfree
-    plan --coalition-growth K``). ``greedy`` (the worst case found step by step): each time the
-    node whose joining raises the mean factor over the remaining sources most; ``degree``: the
-    highest-degree nodes first (ties by id). One row per size: members, worst and mean eps,
-    mean factor, how many sources are fully exposed and how many stay hidden (factor 0)."""
-    _check_plan(plan)
-    if join not in JOINS:
-        raise AuditError(f"--join {join!r}: expected one of {', '.join(JOINS)}")
-    if not 1 <= k < plan.n:
-        raise AuditError(f"--coalition-growth {k}: expected 1..{plan.n - 1} (n = {plan.n})")
-    units = units_of(plan)
-    by_degree = sorted(range(plan.n), key=lambda v: (-plan.graph.degree(v), v))
-    members: list[int] = []
-    rows = []
-    for size in range(1, k + 1):
-        if join == "degree":
-            members = sorted([*members, by_degree[size - 1]])
-            f = plan_factors(plan, members)
-        else:
-            best = None
-            for c in range(plan.n):
-                if c in members:
-                    continue
-                trial = sorted([*members, c])
-                fc = plan_factors(plan, trial)
-                score = float(np.delete(fc, trial).mean())
-                if best is None or score > best[0] + 1e-12:
-                    best = (score, trial, fc)
-            _, members, f = best
-        outside = np.delete(f, members)
-        eps = [units.loss(float(x))["eps"] for x in outside]
-        rows.append(
-            {
-                "size": size,
-                "observers": members,
-                "eps_max": max(eps),
-                "eps_mean": float(np.mean(eps)),
-                "factor_mean": float(outside.mean()),
-                "fully_exposed": int(np.sum(outside >= 1 - 1e-9)),
-                "hidden": int(np.sum(outside <= 1e-12)),
-                "sources": int(outside.size),
-            }
-        )
-        progress.tick(size, k, "coalition size")
-    return {
-        "protocol": cfg.protocol.name,
-        "method": "exact",
-        "n": plan.n,
-        "steps": plan.steps,
-        "sigma": plan.sigma,
-        "alpha": plan.alpha,
-        "delta": plan.delta,
-        "join": join,
-        "ldp": units.loss(1.0),
-        "growth": rows,
-    }
-
-
-def print_growth(rep: dict) -> None:
-    from coordinator_free.accounting.render import table
-
-    how = (
-        "the node that raises the mean loss most joins next (greedy worst case)"
-        if rep["join"] == "greedy"
-        else "the highest-degree nodes join first"
-    )
-    print(
-        f"coalition growth: {how} (n={rep['n']}, steps={rep['steps']}, sigma={rep['sigma']:g}, "
-        f"alpha={rep['alpha']:g}, delta={rep['delta']:g}); local DP eps={rep['ldp']['eps']:.4f}"
-    )
-    body = [
-        [
-            str(r["size"]),
-            ",".join(map(str, r["observers"])),
-            f"{r['eps_max']:.4f}",
-            f"{r['eps_mean']:.4f}",
-            f"{r['factor_mean']:.4f}",
-            f"{r['fully_exposed']}/{r['sources']}",
-            f"{r['hidden']}/{r['sources']}",
-        ]
-        for r in rep["growth"]
-    ]
-    print(
-        table(
-            ["size", "coalition", "eps max", "eps mean", "factor mean", "exposed", "hidden"], body
-        )
-    )
-    print(
-        "exposed: sources the coalition can solve for (factor 1, eps = local DP); hidden: "
-        "sources none of whose input reached it (eps 0)"
-    )
