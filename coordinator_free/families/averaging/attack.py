@@ -201,6 +201,9 @@ def run(run_dir: Path, cfg, plan, ids: list[int], logs: dict) -> dict:
             "reconstructed": u in out["values"],
             "factor": float(factors[u]),
             "error": None,
+            # As an estimate of the private value x_u the reconstruction is the noisy input:
+            # unbiased, standard deviation sigma per coordinate (GLS with covariance sigma^2 I).
+            "std": float(plan.sigma) if u in out["values"] else None,
         }
         if u in out["values"]:
             row["value"] = out["values"][u].tolist()
@@ -245,7 +248,8 @@ def print_result(res: dict) -> None:
         "their private value x itself is known to the coalition (sigma = 0: plain gossip, NO "
         "PRIVACY)"
         if res["sigma"] == 0
-        else f"their noisy input x + N(0, {res['sigma']:g}^2) is known to the coalition"
+        else f"their noisy input x + N(0, {res['sigma']:g}^2) is known to the coalition, an "
+        f"unbiased estimate of x with standard deviation {res['sigma']:g} per coordinate"
     )
     print(
         f"{len(got)} of {n - len(ids)} other nodes reconstructed: {what} (exact factor 1: the "
