@@ -232,7 +232,10 @@ def run(run_dir: Path, cfg, plan, ids: list[int], logs: dict, streams: dict | No
             "distance": int(hops.get(u, -1)),
             "reconstructed": u in est["identifiable"],
             "gradient": g.tolist(),
-            "std": None if est["std"] is None else float(est["std"][u]),
+            # The spread under the model, for the nodes the view determines.
+            "std": None
+            if est["std"] is None or u not in est["identifiable"]
+            else float(est["std"][u]),
             "error": None,
         }
         if can_invert:
