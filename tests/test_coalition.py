@@ -661,3 +661,21 @@ def test_a_coalition_audit_of_damaged_logs_never_fails_nor_reports_less(name, tm
             for u, e in got.items():
                 assert e >= floor[u] * (1 - 1e-9), (case.what, u, e, floor[u])
     assert flagged > 0
+
+
+def test_learning_coalition_on_per_round_graphs_is_the_single_observer_joint_view_for_one():
+    cfg = config.load(
+        EX / "muffliato-gd-breast-cancer.toml",
+        ["graph.kind=erdos_renyi", "graph.nodes=8", "graph.p=0.5", "graph.resample=true",
+         "protocol.rounds=3", "protocol.gossip_steps=2"],
+    )  # fmt: skip
+    fam = family_of(cfg.protocol.name)
+    plan = fam.make_plan(cfg)
+    assert plan.time_varying
+    single = accountant.plan_factors(plan, "exact", observers=[0])[0]
+    rep = fam.coalition_plan(cfg, plan, [0])
+    assert [r["factor"] for r in rep["losses"]] == pytest.approx(
+        list(np.delete(single, 0)), abs=1e-9
+    )
+    pair = {r["source"]: r["factor"] for r in fam.coalition_plan(cfg, plan, [0, 1])["losses"]}
+    assert all(pair[u] >= single[u] - 1e-9 for u in pair)  # a coalition never sees less
