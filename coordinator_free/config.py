@@ -74,6 +74,9 @@ class GraphSection:
     seed: int = 0
     # Learning protocols: a fresh random graph (erdos_renyi, geometric) every round.
     resample: bool = False
+    # With resample and erdos_renyi: the rounds' edges come from pairwise secrets, so each node
+    # knows only its own neighbours (None: public per-round seeds; left out of written configs).
+    hidden: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -553,6 +556,16 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"{s}: protocol.tick paces the Poisson clocks of randomized-gossip; protocol "
             f"{pr.name!r} has none (remove the key or set it to 0)"
+        )
+    if g.hidden and not (g.resample and g.kind == "erdos_renyi"):
+        raise ConfigError(
+            f"{s}: graph.hidden draws every round's Erdos-Renyi edges from pair secrets: it "
+            'needs graph.resample = true and graph.kind = "erdos_renyi"'
+        )
+    if g.hidden and pr.weights != "lazy":
+        raise ConfigError(
+            f'{s}: graph.hidden needs protocol.weights = "lazy" (W_uv = 1/n): on a secret '
+            f"graph a node knows only its own degree, not its neighbours' ({pr.weights!r} needs them)"
         )
     if g.resample and not fam.has_peers(cfg):
         raise ConfigError(

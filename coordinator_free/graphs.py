@@ -27,7 +27,7 @@ GRAPH_KINDS = (
     "geometric",
     "edgelist",
 )
-WEIGHT_SCHEMES = ("metropolis", "max-degree")
+WEIGHT_SCHEMES = ("metropolis", "max-degree", "lazy")
 
 
 class GraphError(CfreeError, ValueError):
@@ -141,8 +141,9 @@ def gossip_matrix(g: nx.Graph, weights: str = "metropolis") -> np.ndarray:
     """Symmetric doubly stochastic gossip matrix supported on ``g``.
 
     ``metropolis``: W_uv = 1/(1 + max(d_u, d_v)) on edges (the weights the papers' experiments
-    really used, there called "Hamilton"); ``max-degree``: W_uv = 1/(1 + d_max). The diagonal
-    takes the rest of each row.
+    really used, there called "Hamilton"); ``max-degree``: W_uv = 1/(1 + d_max); ``lazy``:
+    W_uv = 1/n (I - L/n), which a node computes knowing only its own degree. The diagonal takes
+    the rest of each row.
     """
     n = g.number_of_nodes()
     deg = np.array([g.degree(v) for v in range(n)], dtype=np.int64)
@@ -153,6 +154,8 @@ def gossip_matrix(g: nx.Graph, weights: str = "metropolis") -> np.ndarray:
             val = 1.0 / (1 + max(deg[a], deg[b]))
         elif weights == "max-degree":
             val = 1.0 / (1 + dmax)
+        elif weights == "lazy":  # needs no degree at all: what a node of a secret graph can use
+            val = 1.0 / n
         else:
             raise GraphError(f"unknown weights {weights!r}; expected one of {WEIGHT_SCHEMES}")
         w[a, b] = w[b, a] = val

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from coordinator_free import rundir
@@ -45,6 +45,8 @@ PURPOSE_HOP = 5  # token protocols: the holder's draw of the next hop (secret, l
 
 _INFO = b"coordinator-free/v1 node stream"
 _SALT = b"coordinator-free/v2 node stream salt"
+_PAIR_INFO = b"coordinator-free/v1 pair secret"
+_PUBLIC_PAIR_SALT = b"coordinator-free/v1 public pair secret (simulation)"
 NONCE_BYTES = 16
 DIGEST_BYTES = 32
 #: The view-log record in which a peer writes what its streams were derived from.
@@ -90,6 +92,36 @@ class PublicSeedStreams:
         ss = np.random.SeedSequence(entropy=self.run_seed, spawn_key=(purpose, node, round_))
         return np.random.Generator(np.random.PCG64(ss))
 
+    def pair_secret(self, a: int, b: int) -> bytes:
+        """A pair's shared secret for simulation: from the public seed, nothing secret."""
+        return HKDF(
+            algorithm=hashes.SHA256(),
+            length=32,
+            salt=_PUBLIC_PAIR_SALT,
+            info=_pair_info(a, b),
+        ).derive(struct.pack(">Q", self.run_seed))
+
+    def node(self, v: int) -> _PublicNode:
+        return _PublicNode(self, v)
+
+
+class _PublicNode:
+    """One node's view of :class:`PublicSeedStreams` (the simulator's stand-in for its keys)."""
+
+    def __init__(self, streams: PublicSeedStreams, v: int):
+        self._streams, self.node = streams, v
+
+    def stream(self, purpose: int, node: int, round_: int = 0) -> np.random.Generator:
+        return self._streams.stream(purpose, node, round_)
+
+    def pair_secret(self, peer: int) -> bytes:
+        return self._streams.pair_secret(self.node, peer)
+
+
+def _pair_info(a: int, b: int) -> bytes:
+    lo, hi = sorted((int(a), int(b)))
+    return _PAIR_INFO + struct.pack(">II", lo, hi)
+
 
 class NodeSecretStreams:
     """Streams only the holder of a node's private key can reproduce.
@@ -120,6 +152,9 @@ class NodeSecretStreams:
         self.config_digest, self.nonce = bytes(config_digest), bytes(nonce)
         self._salt = _stream_salt(self._run_id, self.config_digest, self.nonce)
         self.node = node
+        self._key = key
+        #: The roster's public keys (node -> 32 raw bytes), for :meth:`pair_secret`.
+        self.peer_keys: dict[int, bytes] = {}
 
     def record(self) -> dict[str, str]:
         """The fields of the node's ``streams`` view-log record: what its streams were derived
@@ -137,6 +172,22 @@ class NodeSecretStreams:
         return HKDF(algorithm=hashes.SHA256(), length=32, salt=self._salt, info=bytes(info)).derive(
             self._ikm
         )
+
+    def pair_secret(self, peer: int) -> bytes:
+        """The secret this node shares with ``peer`` for the run: X25519 of its private key and
+        the peer's public key from the roster, through HKDF with the run id as salt. The peer
+        computes the same from its side; nobody else can (it needs one of the two private
+        keys). Bound to the run and the pair, not to the streams' nonce."""
+        raw = self.peer_keys.get(int(peer))
+        if raw is None:
+            raise StreamsError(f"node {self.node} has no public key of node {peer}")
+        shared = self._key.exchange(X25519PublicKey.from_public_bytes(raw))
+        return HKDF(
+            algorithm=hashes.SHA256(),
+            length=32,
+            salt=self._run_id,
+            info=_pair_info(self.node, peer),
+        ).derive(shared)
 
     def stream(self, purpose: int, node: int, round_: int = 0) -> np.random.Generator:
         if node != self.node:
@@ -230,4 +281,5 @@ def streams_of_run(run_dir, n: int) -> PerNodeStreams:
             config_digest=digest,
             nonce=nonce,
         )
+        by_node[v].peer_keys = {e.id: e.public_key for e in ros.entries}
     return PerNodeStreams(by_node)

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from coordinator_free import seeds
@@ -434,20 +435,27 @@ def node_streams(seed: int, n: int, cfg=None) -> seeds.PerNodeStreams:
     a run's peers would use; hand them to the simulator to compare bit for bit."""
     run_id = hashlib.sha256(b"memnet run %d" % seed).digest()[:16]
     digest = seeds.config_digest(cfg) if cfg is not None else hashlib.sha256(b"memnet").digest()
-    return seeds.PerNodeStreams(
-        {
-            v: seeds.NodeSecretStreams(
-                X25519PrivateKey.from_private_bytes(
-                    hashlib.sha256(b"memnet key %d %d" % (seed, v)).digest()
-                ),
-                run_id,
-                v,
-                config_digest=digest,
-                nonce=hashlib.sha256(b"memnet nonce %d %d" % (seed, v)).digest()[:16],
-            )
-            for v in range(n)
-        }
-    )
+    keys = {
+        v: X25519PrivateKey.from_private_bytes(
+            hashlib.sha256(b"memnet key %d %d" % (seed, v)).digest()
+        )
+        for v in range(n)
+    }
+    public = {
+        v: k.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        for v, k in keys.items()
+    }
+    by_node = {}
+    for v in range(n):
+        by_node[v] = seeds.NodeSecretStreams(
+            keys[v],
+            run_id,
+            v,
+            config_digest=digest,
+            nonce=hashlib.sha256(b"memnet nonce %d %d" % (seed, v)).digest()[:16],
+        )
+        by_node[v].peer_keys = public
+    return seeds.PerNodeStreams(by_node)
 
 
 def run_config(

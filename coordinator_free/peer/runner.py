@@ -167,6 +167,7 @@ async def run_peer(
         config_digest=seeds.config_digest(cfg),
         nonce=seeds.fresh_nonce(),
     )
+    own.peer_keys = {e.id: e.public_key for e in roster.entries}
     vlog.write(seeds.STREAMS_RECORD, **own.record())
     fp = cfg.fault_plan
     link = link_faults(cfg, node_id)
@@ -294,7 +295,10 @@ def node_params(cfg: Config, plan, node_id: int) -> dict:
         **plan.public_params(),
         "node": node_id,
         "neighbours": plan.neighbours(node_id),
-        "weights": {str(w): wt for w, wt in plan.row(node_id).items()},
+        # A secret graph's weights change every round and are the node's own business.
+        "weights": {}
+        if getattr(plan, "secret", False)
+        else {str(w): wt for w, wt in plan.row(node_id).items()},
         "weights_scheme": cfg.protocol.weights,
         "deadline_s": cfg.network.deadline_s,
         "config": cfg.to_dict(),

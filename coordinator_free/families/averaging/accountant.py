@@ -31,6 +31,7 @@ from coordinator_free.accounting.core import (
 )
 from coordinator_free.families.averaging import protocol as mf
 from coordinator_free.families.learning import protocol as lp
+from coordinator_free.families.learning import secret
 from coordinator_free.families.randomized import protocol as rg
 from coordinator_free.privacy import muffliato as acct
 from coordinator_free.privacy import multiround
@@ -79,6 +80,16 @@ def accounting_note(plan) -> str | None:
         "a certified upper bound over the worst per-round change of the source's gradient), "
         "which counts a gradient travelling on through the models in later rounds"
     )
+    if plan.secret:
+        return (
+            "secret graphs: a fresh Erdős–Rényi graph every round from pair secrets, each node "
+            "knowing only its own neighbours. Before the run nobody knows the graphs: 'exact' is "
+            "then R-fold local DP (what holds for any graphs) and 'paper' Theorem 4/9 of the "
+            "Muffliato paper per round (the guarantee the secrecy buys, given its condition on "
+            "sigma). The audit reads the graphs from the logs and gives, for both methods, the "
+            "loss conditional on them, as if the observer knew them: an upper bound for an "
+            "observer that does not. " + exact
+        )
     if plan.time_varying:
         exact += (
             "; a fresh graph every round from a public seed, so the rounds' graphs are known to "
@@ -105,6 +116,8 @@ def plan_factors(plan, method: str, *, sources=None, observers=None) -> np.ndarr
         return _randomized_plan_factors(plan, method, sources, observers)
     if getattr(plan, "dropped", ()):
         return _dropout_plan_factors(plan, method, sources, observers)
+    if isinstance(plan, lp.LearningPlan) and plan.secret and not plan.round_graphs:
+        return _secret_plan_factors(plan, method, sources, observers)
     if not isinstance(plan, lp.LearningPlan):
         return acct.plan_factors(
             plan.W,
@@ -140,6 +153,32 @@ def plan_factors(plan, method: str, *, sources=None, observers=None) -> np.ndarr
     if plan.time_varying:  # Eq. (13) with round r's own W_r
         return sum(one_round(plan.round_matrix(r)) for r in range(plan.rounds))
     return R * one_round(plan.W)
+
+
+def _secret_plan_factors(plan, method: str, sources, observers) -> np.ndarray:
+    """Secret per-round graphs, before the run: nobody knows the graphs. ``exact`` is R-fold
+    local DP, what holds whatever the graphs turn out to be (the audit gives the loss
+    conditional on the graphs the logs show); ``paper`` is Theorem 4/9 of the Muffliato paper
+    per round at the expected degree, the guarantee the secrecy of the graphs buys (every pair,
+    since any pair may be an edge: with probability p a round's loss is local DP)."""
+    n_obs = plan.n if observers is None else len(observers)
+    n_src = plan.n if sources is None else len(sources)
+    if method == "exact":
+        per_round = 1.0
+    else:
+        p = plan.secret_p
+        per_round = p + (1.0 - p) * secret.theorem_factor(plan)
+    return np.full((n_obs, n_src), plan.rounds * per_round)
+
+
+def secret_bound(run_dir: Path, plan) -> tuple[object, list[dict]]:
+    """A secret-graph plan with the rounds' graphs the run's view logs show (for the audit),
+    and the findings of that reading; any other plan as it is."""
+    if not (isinstance(plan, lp.LearningPlan) and plan.secret and not plan.round_graphs):
+        return plan, []
+    found: list[dict] = []
+    logs = read_logs(run_dir, plan, found)
+    return secret.bind_logged(plan, logs)
 
 
 def planned_schedule(plan) -> list[tuple[np.ndarray, float]]:
@@ -294,6 +333,14 @@ def plan_report(cfg, plan, *, source: int | None, method: str) -> dict:
 
 
 def private_graph_factors(plan) -> np.ndarray:
+    if plan.secret:
+        F = _secret_plan_factors(plan, "paper", None, None)
+        np.fill_diagonal(F, float(plan.rounds))
+        return F
+    return _public_graph_factors(plan)
+
+
+def _public_graph_factors(plan) -> np.ndarray:
     """Theorem 4/9 of the Muffliato paper per round, summed over rounds (its Proposition 1 for a
     single observer): ``F[v, u] = sum_r min(1, 1 if u ~_r v else 2 K d_v^r / (n - d_v^r))`` in
     units of the local-DP loss, d_v^r = v's degree in round r's graph. Valid only for a graph
@@ -315,9 +362,22 @@ def private_graph_report(plan, u: Units) -> dict:
     F = private_graph_factors(plan)
     s = summarise(plan, F, u)
     cond = plan.sigma**2 >= plan.sensitivity**2 * plan.alpha * (plan.alpha - 1) / 2
+    if plan.secret:
+        note = (
+            "Theorem 4/9 (private Erdős–Rényi graph): per round local DP when the pair is an "
+            f"edge (probability {plan.secret_p:g}), else min(1, 2 K d / (n - d)) at the expected "
+            f"degree d = {secret.expected_degree(plan):.3g}; summed in expectation (the 'paper' "
+            "column). A guarantee here, the graphs being secret, "
+            + ("as its condition on sigma holds" if cond else "but its condition on sigma fails")
+        )
+    else:
+        note = (
+            "Theorem 4/9 (private Erdős–Rényi graph) per round, summed: valid only for secret "
+            "graphs, and these are drawn from a public seed"
+        )
     return {
-        "note": "Theorem 4/9 (private Erdős–Rényi graph) per round, summed: valid only for "
-        "secret graphs, and these are drawn from a public seed",
+        "note": note,
+        "secret": bool(plan.secret),
         "condition_holds": bool(cond),
         "worst_pair": s["worst_pair"],
         "mean_over_pairs": s["mean_over_pairs"],
@@ -500,7 +560,10 @@ def audit_run(run_dir: Path, cfg, plan, observers: list[int] | None = None) -> d
     for v in observers or ():
         if not 0 <= v < plan.n:
             raise AuditError(f"observer {v} is not a node id (0..{plan.n - 1})")
+    plan, graph_findings = secret_bound(run_dir, plan)
     rp = replay(run_dir, plan)
+    rp.integrity.extend(graph_findings)
+    rp.fault_free = rp.fault_free and not graph_findings
     u = units_of(plan)
     # An observer without a readable log has no realised view: it is left out here, and the
     # generic audit (accounting.audit.audit_run) reports its worst case.

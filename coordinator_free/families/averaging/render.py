@@ -51,7 +51,8 @@ def print_gossip_plan(
     if rep.get("private_graph_bound"):
         pg = rep["private_graph_bound"]
         print(
-            f"for comparison, {pg['note']}: worst pair eps={fmt(pg['worst_pair']['eps'])}, "
+            f"{'guarantee' if pg.get('secret') else 'for comparison'}, {pg['note']}: worst "
+            f"pair eps={fmt(pg['worst_pair']['eps'])}, "
             f"mean over pairs eps={fmt(pg['mean_over_pairs']['eps'])}"
             + (
                 ""

@@ -50,7 +50,10 @@ def _bound(plan, members, schedule, received, notes: list) -> np.ndarray:
 
 
 def plan_factors(plan, members: list[int], notes: list) -> np.ndarray:
-    """The coalition's fault-free joint factors (time-varying graphs: each round's own)."""
+    """The coalition's fault-free joint factors (time-varying graphs: each round's own; secret
+    graphs before the run: R-fold local DP, what holds for any graphs)."""
+    if plan.secret and not plan.round_graphs:
+        return np.full(plan.n, float(plan.rounds))
     if not plan.time_varying:
         return _bound(plan, members, None, None, notes)
     K = plan.gossip_steps
@@ -82,7 +85,7 @@ def plan_report(cfg, plan, observers) -> dict:
 def audit_report(run_dir: Path, cfg, plan, observers) -> dict:
     """The same for the schedule the logs show; a member without a usable log puts every
     source at R-fold local DP, and a damaged log anywhere floors each loss at the plan."""
-    from coordinator_free.families.averaging.accountant import replay
+    from coordinator_free.families.averaging.accountant import replay, secret_bound
 
     members = members_of(observers, plan.n)
     notes: list = []
@@ -90,7 +93,9 @@ def audit_report(run_dir: Path, cfg, plan, observers) -> dict:
         rep = _report(cfg, plan, members, plan_factors(plan, members, notes), notes)
         rep.update(run_dir=str(run_dir), fault_free=True, complete=True, basis="plan", integrity=[])
         return rep
-    rp = replay(run_dir, plan)
+    seen, graph_findings = secret_bound(run_dir, plan)  # secret graphs: as the logs show them
+    rp = replay(run_dir, seen)
+    rp.integrity.extend(graph_findings)
     K = plan.gossip_steps
     schedule = [rp.steps[r * K : (r + 1) * K] for r in range(plan.rounds)]
     received = {
@@ -101,7 +106,7 @@ def audit_report(run_dir: Path, cfg, plan, observers) -> dict:
     f, basis = audited(
         plan.n,
         [a for a in members if a not in rp.logged],
-        lambda notes: _bound(plan, members, schedule, received, notes),
+        lambda notes: _bound(seen, members, schedule, received, notes),
         lambda: plan_factors(plan, members, notes),
         float(plan.rounds),
         "R-fold local DP",

@@ -7,6 +7,7 @@ from __future__ import annotations
 from coordinator_free.engine.step import Outcome, StepEngine, engine_for
 from coordinator_free.families.averaging.node import gossip
 from coordinator_free.families.learning import protocol as lp
+from coordinator_free.families.learning import secret
 
 
 def rounds(ctx, plan, task, node: int, streams, corr=None):
@@ -17,6 +18,8 @@ def rounds(ctx, plan, task, node: int, streams, corr=None):
     models = [theta]
     K = plan.gossip_steps
     for r in range(plan.rounds):
+        if plan.secret:  # the node's own neighbours of the round, for the auditor
+            ctx.out.log(secret.RECORD, round=r, peers=plan.partners_at(node, r * K))
         term = corr.term(r) if corr is not None else None
         thetahat = lp.local_step(plan, task, node, r, theta, streams, term)
         theta = yield from gossip(ctx, plan, node, r * K, K, thetahat)
@@ -40,4 +43,6 @@ def step_engine(cfg, plan, node: int, program) -> StepEngine:
 
 
 def engine(cfg, plan, node: int, streams) -> StepEngine:
+    if plan.secret and plan.bound_node is None:
+        plan = secret.bind_node(plan, node, streams)  # its own neighbours, from its secrets
     return step_engine(cfg, plan, node, program(cfg, plan, node, streams))

@@ -90,10 +90,30 @@ class LearningPlan(mf.GraphRows):
     # the union of the rounds' graphs (every pair that ever talks) and ``W`` round 0's matrix.
     round_graphs: tuple[nx.Graph, ...] = ()
     round_W: tuple[np.ndarray, ...] = ()
+    # Secret graphs (graph.hidden): the edge probability; the rounds' graphs are then unknown to
+    # the public plan (``graph`` is the complete graph of possible pairs) and filled in by
+    # ``secret.bind_*``: for one node (``bound_node``: its own neighbours only) or for all.
+    secret_p: float | None = None
+    bound_node: int | None = None
+
+    @property
+    def secret(self) -> bool:
+        return self.secret_p is not None
 
     @property
     def time_varying(self) -> bool:
-        return bool(self.round_graphs)
+        return bool(self.round_graphs) or self.secret
+
+    def _own(self, v: int) -> None:
+        if self.secret and not self.round_graphs:
+            raise ValueError(
+                "the rounds' graphs are secret: bind the plan to a node's, the simulator's or "
+                "the logs' knowledge first (families.learning.secret)"
+            )
+        if self.bound_node is not None and v != self.bound_node:
+            raise ValueError(
+                f"node {self.bound_node} knows only its own neighbours, not node {v}'s"
+            )
 
     def row(self, v: int) -> dict[int, float]:
         """Node v's gossip weights (round 0's with time-varying graphs)."""
@@ -102,17 +122,24 @@ class LearningPlan(mf.GraphRows):
     def partners_at(self, v: int, t: int) -> list[int]:
         if not self.time_varying:
             return self.neighbours(v)
+        self._own(v)
         return sorted(self.round_graphs[t // self.gossip_steps].neighbors(v))
 
     def row_at(self, v: int, t: int) -> dict[int, float]:
         if not self.time_varying:
             return self.row(v)
+        self._own(v)
         r = t // self.gossip_steps
         g, w = self.round_graphs[r], self.round_W[r]
         return {x: float(w[v, x]) for x in sorted([*g.neighbors(v), v])}
 
     def round_matrix(self, r: int) -> np.ndarray:
-        return self.round_W[r] if self.time_varying else self.W
+        if self.time_varying:
+            self._own(-1 if self.bound_node is None else self.bound_node)
+            if self.bound_node is not None:
+                raise ValueError(f"node {self.bound_node} knows only its own row of round {r}")
+            return self.round_W[r]
+        return self.W
 
     @property
     def steps(self) -> int:
@@ -153,7 +180,11 @@ class LearningPlan(mf.GraphRows):
             "sigma_cor": self.sigma_cor,
             "collusion": self.collusion,
             "resample": self.time_varying,
-            "graphs": graphs_digest(self.round_graphs) if self.time_varying else None,
+            "graphs": "secret"
+            if self.secret
+            else graphs_digest(self.round_graphs)
+            if self.time_varying
+            else None,
         }
 
 
@@ -255,7 +286,16 @@ def make_plan(cfg: Config, graph: nx.Graph | None = None) -> LearningPlan:
     pr = cfg.protocol
     per_round: list[nx.Graph] = []
     per_round_w: list[np.ndarray] = []
-    if cfg.graph.resample:
+    secret_p = None
+    if cfg.graph.hidden:
+        # The rounds' graphs are secret: the public plan knows only who may pair (everyone)
+        # and, for the report, the gap of one public sample of the same law.
+        g = nx.complete_graph(cfg.graph.nodes)
+        W = graphs.gossip_matrix(g, "lazy")
+        sample = mf.build_graph_from_config(cfg, seed=round_graph_seed(cfg.graph.seed, 0))
+        lam = graphs.spectral_gap(graphs.gossip_matrix(sample, "lazy"))
+        secret_p = float(cfg.graph.p)
+    elif cfg.graph.resample:
         if graph is not None:
             raise ValueError("graph.resample draws the rounds' graphs itself: pass no graph")
         # A fresh graph every round; the gap used for K and gamma is the smallest one (the
@@ -309,6 +349,7 @@ def make_plan(cfg: Config, graph: nx.Graph | None = None) -> LearningPlan:
         collusion=cfg.privacy.collusion,
         round_graphs=tuple(per_round),
         round_W=tuple(per_round_w),
+        secret_p=secret_p,
     )
 
 

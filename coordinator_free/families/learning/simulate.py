@@ -9,7 +9,7 @@ import numpy as np
 from coordinator_free import seeds
 from coordinator_free.engine.lockstep import LearningSimResult, lockstep
 from coordinator_free.engine.step import NullContext
-from coordinator_free.families.learning import node
+from coordinator_free.families.learning import node, secret
 from coordinator_free.families.learning import protocol as lp
 
 
@@ -28,6 +28,8 @@ def simulate(cfg, plan=None, streams=None, *, corr_of=None, kept=None) -> Learni
         models = np.stack(history)
     else:
         n = plan.n
+        if plan.secret and not plan.round_graphs:
+            plan = secret.bind_all(plan, streams)  # every node's secrets: every graph
 
         def program(v):
             corr = corr_of(v) if corr_of is not None else None

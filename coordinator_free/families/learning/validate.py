@@ -46,6 +46,17 @@ def validate_learning(cfg, s: str, *, memory: bool = True) -> None:
             f"{s}: muffliato-gd uses each node's whole shard every round; for minibatches of "
             f"protocol.batch_size = {pr.batch_size} use muffliato-sgd (or leave batch_size at 0)"
         )
+    if cfg.graph.hidden:
+        if pr.name in ("decor", "central-dp"):
+            raise ConfigError(
+                f"{s}: graph.hidden is for the gossip learning protocols (muffliato-gd, "
+                f"muffliato-sgd, dsgd), not {pr.name}"
+            )
+        if pr.name != "dsgd" and (pr.accelerated or pr.gossip_steps == "auto"):
+            raise ConfigError(
+                f"{s}: graph.hidden: nobody knows the rounds' spectral gap, so set "
+                "protocol.accelerated = false and protocol.gossip_steps to a number"
+            )
     if not 0 < pr.clip < 1e150:
         raise ConfigError(f"{s}: protocol.clip must be > 0 (the per-example L2 clipping norm C)")
     if pr.clipping not in CLIPPINGS:
