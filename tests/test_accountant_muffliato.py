@@ -457,3 +457,41 @@ def test_large_faulty_schedules_are_refused_with_a_clear_error():
     np.testing.assert_allclose(
         exact_factors(ff, 0, rec), plan_factors(w, 3, False, method="exact", observers=[0])[0]
     )
+
+
+@pytest.mark.parametrize(
+    "kind, kw",
+    [("hypercube", {"dim": 5}), ("ring", {"nodes": 14}), ("complete", {"nodes": 7})],
+)
+@pytest.mark.parametrize("accelerated", [False, True])
+def test_a_translation_invariant_gossip_matrix_gives_every_row_from_one(kind, kw, accelerated):
+    """The symmetric shortcut (observer 0's row moved by the graph's translations) equals the
+    per-observer computation, for both methods, all pairs and subsets."""
+    import scipy.sparse as sp
+
+    from coordinator_free.graphs import build_graph, gossip_matrix
+    from coordinator_free.privacy.muffliato import plan_factors, translations
+
+    w = gossip_matrix(build_graph(kind, **kw), "metropolis")
+    assert translations(sp.csr_matrix(w)) is not None
+    for method in ("exact", "paper"):
+        fast = plan_factors(w, 4, accelerated, method=method)
+        slow = plan_factors(w, 4, accelerated, method=method, symmetry=False)
+        assert np.allclose(fast, slow, atol=1e-13)
+        some = plan_factors(w, 4, accelerated, method=method, observers=[3, 1], sources=[0, 2])
+        assert np.allclose(some, slow[[3, 1]][:, [0, 2]], atol=1e-13)
+
+
+def test_no_translation_group_is_assumed_where_the_weights_break_it():
+    import scipy.sparse as sp
+
+    from coordinator_free.graphs import build_graph, gossip_matrix
+    from coordinator_free.privacy.muffliato import translations
+
+    w = gossip_matrix(build_graph("hypercube", dim=4), "metropolis")
+    w[0, 1] = w[1, 0] = w[0, 1] * 0.5  # one edge lighter: no longer vertex-transitive
+    w[0, 0] += w[0, 1]
+    w[1, 1] += w[0, 1]
+    assert translations(sp.csr_matrix(w)) is None
+    er = gossip_matrix(build_graph("erdos_renyi", nodes=16, p=0.3), "metropolis")
+    assert translations(sp.csr_matrix(er)) is None

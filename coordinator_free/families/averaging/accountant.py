@@ -126,6 +126,7 @@ def plan_factors(plan, method: str, *, sources=None, observers=None) -> np.ndarr
             method=method,
             observers=observers,
             sources=sources,
+            gamma=plan.gamma if plan.accelerated else None,  # the plan's, not recomputed
         )
     n_obs = plan.n if observers is None else len(observers)
     n_src = plan.n if sources is None else len(sources)
