@@ -24,7 +24,7 @@ def test_planner_ticks_every_observer_when_reporting():
     buf = io.StringIO()
     w = _ring_w(12)
     with progress.reporting("plan", buf, every_s=0.0, enabled=True):
-        muffliato.plan_factors(w, 5, False, method="exact")
+        muffliato.plan_factors(w, 5, False, method="exact", symmetry=False)  # every observer
     text = buf.getvalue()
     shown = [x for x in text.split("\r") if x.startswith("plan: ")]
     assert len(shown) == 12
