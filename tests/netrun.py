@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -42,3 +43,15 @@ def assert_audit_equals_plan(rep: dict, plan, tol: float) -> dict[str, np.ndarra
             checked += 1
     assert checked == plan.n * (plan.n - 1) * len(audit.METHODS)
     return F
+
+
+def cfree(*args, cwd, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m coordinator_free ARGS`` in ``cwd`` with this checkout first on the path; the
+    finished process, for the test to judge."""
+    repo = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run(
+        [sys.executable, "-m", "coordinator_free", *map(str, args)],
+        capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip

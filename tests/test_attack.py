@@ -10,7 +10,6 @@ own streams; the attack itself sees only the coalition's logs, the config and it
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from memrun import write_run_dir
+from netrun import cfree
 
 import coordinator_free
 from coordinator_free import config
@@ -130,11 +130,7 @@ def test_a_log_without_values_or_with_missed_values_is_refused(tmp_path):
 
 
 def _cfree(*args, cwd):
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run(
-        [sys.executable, "-m", "coordinator_free", *map(str, args)],
-        capture_output=True, text=True, timeout=300, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    return cfree(*args, cwd=cwd, timeout=300)
 
 
 def test_cfree_attack_on_a_real_run(tmp_path):

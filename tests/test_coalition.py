@@ -348,6 +348,21 @@ def _mr_brute(sched, received, members, n):
     return q
 
 
+def _single_member_and_fault_free_audit(fam, cfg, plan, members, planned, tmp_path, tol):
+    """One member's coalition plan is the single-observer plan; a fault-free in-memory run's
+    coalition audit is the coalition plan (both to ``tol``)."""
+    if len(members) == 1:
+        single = accountant.plan_factors(plan, "exact", observers=members)[0]
+        for r in planned["losses"]:
+            assert r["factor"] == pytest.approx(single[r["source"]], abs=tol)
+    run = write_run_dir(cfg, run_config(cfg, seed=2), tmp_path / "run")
+    audited = fam.coalition_audit(run, cfg, plan, members)
+    assert audited["fault_free"] and audited["basis"] == "logs"
+    assert [r["factor"] for r in audited["losses"]] == pytest.approx(
+        [r["factor"] for r in planned["losses"]], abs=tol
+    )
+
+
 LEARN = {
     "dsgd-ring": (EX / "dsgd-breast-cancer.toml", ["graph.kind=ring", "graph.nodes=8", "protocol.rounds=3"]),
     "muffliato-gd-ring": (
@@ -385,16 +400,7 @@ def test_learning_coalition_plan_and_audit_equal_the_brute_force(name, members, 
     assert [r["factor"] for r in planned["losses"]] == pytest.approx(
         [float(got.upper[r["source"]]) for r in planned["losses"]]
     )
-    if len(members) == 1:  # one member: the single-observer joint accountant
-        single = accountant.plan_factors(plan, "exact", observers=members)[0]
-        for r in planned["losses"]:
-            assert r["factor"] == pytest.approx(single[r["source"]], abs=1e-9)
-    run = write_run_dir(cfg, run_config(cfg, seed=2), tmp_path / "run")
-    audited = fam.coalition_audit(run, cfg, plan, members)
-    assert audited["fault_free"] and audited["basis"] == "logs"
-    assert [r["factor"] for r in audited["losses"]] == pytest.approx(
-        [r["factor"] for r in planned["losses"]], abs=1e-9
-    )
+    _single_member_and_fault_free_audit(fam, cfg, plan, members, planned, tmp_path, 1e-9)
 
 
 def test_learning_coalition_audit_with_faults_equals_the_brute_force(tmp_path):
@@ -457,16 +463,7 @@ def test_randomized_coalition_plan_and_audit_equal_the_brute_force(members, tmp_
         assert r["factor"] == pytest.approx(want[r["source"]], abs=1e-9)
     if len(members) < 3:  # some sources partly hidden
         assert len({round(r["factor"], 6) for r in planned["losses"]}) > 1
-    if len(members) == 1:
-        single = accountant.plan_factors(plan, "exact", observers=members)[0]
-        for r in planned["losses"]:
-            assert r["factor"] == pytest.approx(single[r["source"]], abs=1e-12)
-    run = write_run_dir(cfg, run_config(cfg, seed=2), tmp_path / "run")
-    audited = fam.coalition_audit(run, cfg, plan, members)
-    assert audited["fault_free"] and audited["basis"] == "logs"
-    assert [r["factor"] for r in audited["losses"]] == pytest.approx(
-        [r["factor"] for r in planned["losses"]], abs=1e-12
-    )
+    _single_member_and_fault_free_audit(fam, cfg, plan, members, planned, tmp_path, 1e-12)
 
 
 # ------------------------------------------------------------------------------ token walks

@@ -6,14 +6,12 @@ graph (from every node's streams, from the logs), and plan and audit say which g
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from memrun import write_run_dir
+from netrun import cfree
 
 import coordinator_free
 from coordinator_free import config
@@ -147,11 +145,7 @@ def test_the_logs_hold_no_pair_secret(tmp_path):
 
 
 def _cfree(*args, cwd):
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run(
-        [sys.executable, "-m", "coordinator_free", *map(str, args)],
-        capture_output=True, text=True, timeout=600, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    return cfree(*args, cwd=cwd, timeout=600)
 
 
 @pytest.mark.slow

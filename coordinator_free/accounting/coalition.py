@@ -32,18 +32,22 @@ def inconsistent(exc: Exception, worst: str) -> dict:
 
 def audited(
     n: int,
-    unknown: list[int],
+    members: list[int],
+    run_dir,
+    rp,
     compute,
     planned,
     worst: float,
     worst_label: str,
-    integrity: list,
     notes: list,
-) -> tuple[np.ndarray, str]:
-    """``(factors, basis)`` of a coalition audit that never reports less than it can vouch for:
-    ``worst`` for every source when a member has no usable log (``unknown``) or the logs
-    contradict each other (``compute`` noted it); else ``compute(notes)``, floored at
-    ``planned()`` when any log has an integrity finding."""  # fmt: skip
+) -> tuple[np.ndarray, dict]:
+    """``(factors, fields)`` of a coalition audit from a gossip replay ``rp`` (see
+    ``families.averaging.accountant.replay``) that never reports less than it can vouch for:
+    ``worst`` for every source when a member has no usable log or the logs contradict each
+    other (``compute`` noted it); else ``compute(notes)``, floored at ``planned()`` when any log
+    has an integrity finding. ``fields``: what the report adds about the run (``run_dir``,
+    ``fault_free``, ``complete``, ``basis``, ``realised``, ``integrity``, ``notes``)."""
+    unknown = [a for a in members if a not in rp.logged]
     if unknown:
         notes.append(
             {
@@ -52,15 +56,39 @@ def audited(
                 f"saw is unknown: every source is reported at {worst_label}",
             }
         )
-        return np.full(n, float(worst)), "worst-case"
-    f = compute(notes)
-    if any(note.get("kind") == "inconsistent-schedule" for note in notes):
-        return f, "worst-case"
-    if not integrity:
-        return f, "logs"
-    floor = planned()
-    basis = "logs, floored at the plan" if np.any(floor > f + 1e-12) else "logs"
-    return np.maximum(f, floor), basis
+        f, basis = np.full(n, float(worst)), "worst-case"
+    else:
+        f = compute(notes)
+        basis = "logs"
+        if any(note.get("kind") == "inconsistent-schedule" for note in notes):
+            basis = "worst-case"
+        elif rp.integrity:
+            floor = planned()
+            if np.any(floor > f + 1e-12):
+                basis = "logs, floored at the plan"
+            f = np.maximum(f, floor)
+    return f, {
+        "run_dir": str(run_dir),
+        "fault_free": rp.fault_free,
+        "complete": not rp.integrity,
+        "basis": basis,
+        "realised": {"missed": rp.missed, "late": rp.late},
+        "integrity": rp.integrity,
+        "notes": notes,
+    }
+
+
+def _header(cfg, plan) -> dict:
+    """The keys every coalition report (and growth table) starts with."""
+    return {
+        "protocol": cfg.protocol.name,
+        "method": "exact",
+        "n": plan.n,
+        "steps": plan.steps,
+        "sigma": plan.sigma,
+        "alpha": plan.alpha,
+        "delta": plan.delta,
+    }
 
 
 def report(
@@ -89,13 +117,7 @@ def report(
         if u not in members
     ]
     return {
-        "protocol": cfg.protocol.name,
-        "method": "exact",
-        "n": plan.n,
-        "steps": plan.steps,
-        "sigma": plan.sigma,
-        "alpha": plan.alpha,
-        "delta": plan.delta,
+        **_header(cfg, plan),
         "observers": members,
         "ldp": ldp,
         "fully_exposed": sum(1 for r in rows if _at_ldp(r, ldp)),
@@ -222,13 +244,7 @@ def growth_report(cfg, plan, k: int, join: str, coalition_plan) -> dict:
             members = row["observers"]
         rows.append(row)
     return {
-        "protocol": cfg.protocol.name,
-        "method": "exact",
-        "n": plan.n,
-        "steps": plan.steps,
-        "sigma": plan.sigma,
-        "alpha": plan.alpha,
-        "delta": plan.delta,
+        **_header(cfg, plan),
         "join": join,
         "ldp": rep["ldp"],
         "growth": rows,

@@ -172,16 +172,6 @@ def _secret_plan_factors(plan, method: str, sources, observers) -> np.ndarray:
     return np.full((n_obs, n_src), plan.rounds * per_round)
 
 
-def secret_bound(run_dir: Path, plan) -> tuple[object, list[dict]]:
-    """A secret-graph plan with the rounds' graphs the run's view logs show (for the audit),
-    and the findings of that reading; any other plan as it is."""
-    if not (isinstance(plan, lp.LearningPlan) and plan.secret and not plan.round_graphs):
-        return plan, []
-    found: list[dict] = []
-    logs = read_logs(run_dir, plan, found)
-    return secret.bind_logged(plan, logs)
-
-
 def planned_schedule(plan) -> list[tuple[np.ndarray, float]]:
     """Every step's gossip matrix under the plan's public dropout: a node that sits out keeps
     its value, and its neighbours keep its weight (the realised row of a missed value)."""
@@ -497,12 +487,17 @@ class Replay:
     integrity: list[dict]
     missed: int = 0  # values the logs say were missed at their step ("miss" records)
     late: int = 0  # values the logs say came only after their step
+    # The plan the schedule was rebuilt with: hidden graphs bound to the graphs the logs show.
+    plan: object = None
 
 
 def replay(run_dir: Path, plan: mf.MuffliatoPlan) -> Replay:
     n, T = plan.n, plan.steps
     integrity: list[dict] = []
     logs = read_logs(run_dir, plan, integrity)
+    if isinstance(plan, lp.LearningPlan) and plan.secret and not plan.round_graphs:
+        plan, found = secret.bind_logged(plan, logs)  # hidden graphs: as the logs show them
+        integrity.extend(found)
     scan = scan_exchanges(logs, plan, integrity, _digest)
     got, received, logged = scan.used, scan.seen, set(logs)
     steps: list[tuple[np.ndarray, float]] = []
@@ -548,6 +543,7 @@ def replay(run_dir: Path, plan: mf.MuffliatoPlan) -> Replay:
         integrity=integrity,
         missed=missed,
         late=late,
+        plan=plan,
     )
 
 
@@ -561,10 +557,8 @@ def audit_run(run_dir: Path, cfg, plan, observers: list[int] | None = None) -> d
     for v in observers or ():
         if not 0 <= v < plan.n:
             raise AuditError(f"observer {v} is not a node id (0..{plan.n - 1})")
-    plan, graph_findings = secret_bound(run_dir, plan)
     rp = replay(run_dir, plan)
-    rp.integrity.extend(graph_findings)
-    rp.fault_free = rp.fault_free and not graph_findings
+    plan = rp.plan
     u = units_of(plan)
     # An observer without a readable log has no realised view: it is left out here, and the
     # generic audit (accounting.audit.audit_run) reports its worst case.

@@ -85,7 +85,7 @@ def plan_report(cfg, plan, observers) -> dict:
 def audit_report(run_dir: Path, cfg, plan, observers) -> dict:
     """The same for the schedule the logs show; a member without a usable log puts every
     source at R-fold local DP, and a damaged log anywhere floors each loss at the plan."""
-    from coordinator_free.families.averaging.accountant import replay, secret_bound
+    from coordinator_free.families.averaging.accountant import replay
 
     members = members_of(observers, plan.n)
     notes: list = []
@@ -93,9 +93,8 @@ def audit_report(run_dir: Path, cfg, plan, observers) -> dict:
         rep = _report(cfg, plan, members, plan_factors(plan, members, notes), notes)
         rep.update(run_dir=str(run_dir), fault_free=True, complete=True, basis="plan", integrity=[])
         return rep
-    seen, graph_findings = secret_bound(run_dir, plan)  # secret graphs: as the logs show them
-    rp = replay(run_dir, seen)
-    rp.integrity.extend(graph_findings)
+    rp = replay(run_dir, plan)
+    seen = rp.plan  # hidden graphs: as the logs show them
     K = plan.gossip_steps
     schedule = [rp.steps[r * K : (r + 1) * K] for r in range(plan.rounds)]
     received = {
@@ -103,23 +102,17 @@ def audit_report(run_dir: Path, cfg, plan, observers) -> dict:
         for a in members
         if a in rp.logged
     }
-    f, basis = audited(
+    f, fields = audited(
         plan.n,
-        [a for a in members if a not in rp.logged],
+        members,
+        run_dir,
+        rp,
         lambda notes: _bound(seen, members, schedule, received, notes),
         lambda: plan_factors(plan, members, notes),
         float(plan.rounds),
         "R-fold local DP",
-        rp.integrity,
         notes,
     )
     rep = _report(cfg, plan, members, f, notes)
-    rep.update(
-        run_dir=str(run_dir),
-        fault_free=rp.fault_free,
-        complete=not rp.integrity,
-        basis=basis,
-        realised={"missed": rp.missed, "late": rp.late},
-        integrity=rp.integrity,
-    )
+    rep.update(fields)
     return rep

@@ -62,24 +62,17 @@ def audit_report(run_dir: Path, cfg, plan, observers) -> dict:
         for e in plan.edges
     ]  # fmt: skip
     received = {a: sorted(rp.received[a]) for a in members if a in rp.logged}
-    f, basis = audited(
+    f, fields = audited(
         plan.n,
-        [a for a in members if a not in rp.logged],
+        members,
+        run_dir,
+        rp,
         lambda notes: _factors(plan, exchanges, members, received, notes),
         lambda: plan_factors(plan, members, notes),
         1.0,
         "local DP",
-        rp.integrity,
         notes,
     )
     rep = report(cfg, plan, members, f)
-    rep.update(
-        run_dir=str(run_dir),
-        fault_free=rp.fault_free,
-        complete=not rp.integrity,
-        basis=basis,
-        realised={"missed": rp.missed, "late": rp.late},
-        integrity=rp.integrity,
-        notes=notes,
-    )
+    rep.update(fields)
     return rep
