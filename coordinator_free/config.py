@@ -450,9 +450,38 @@ def load(
         source = f"{source} (with --set {' '.join(overrides)})"
     if faults:
         source = f"{source} (with --fault {' '.join(faults)})"
+    overrides = _hypercube_by_nodes(data, list(overrides), plain_source)
     cfg = from_dict(data, source=source)
     _refuse_ignored_graph_overrides(data, overrides, plain_source)
     return cfg
+
+
+def _hypercube_by_nodes(data: dict, overrides: list[str], source: str) -> list[str]:
+    """``--set graph.nodes=N`` on a hypercube asks for the hypercube of N = 2^d nodes: it sets
+    graph.dim = d (refused when N is not a power of two, or disagrees with a graph.dim given
+    beside it). Returns the overrides left for the other checks."""
+    graph = data.get("graph")
+    if not isinstance(graph, dict) or graph.get("kind", GraphSection.kind) != "hypercube":
+        return overrides
+    parsed = [(ov, *parse_override(ov)) for ov in overrides]
+    by_nodes = [(ov, v) for ov, sec, key, v in parsed if sec == "graph" and key == "nodes"]
+    if not by_nodes:
+        return overrides
+    ov, nodes = by_nodes[-1]
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 2 or nodes & (nodes - 1):
+        raise ConfigError(
+            f"{source}: --set {ov}: graph.kind is 'hypercube', whose size is 2^graph.dim; "
+            f"{nodes!r} is not a power of two >= 2 (or add --set graph.kind=ring)"
+        )
+    dim = nodes.bit_length() - 1
+    dims = [(o, v) for o, sec, key, v in parsed if sec == "graph" and key == "dim"]
+    if dims and dims[-1][1] != dim:
+        raise ConfigError(
+            f"{source}: --set {ov} is a hypercube of dim {dim}, not --set {dims[-1][0]}"
+        )
+    graph["dim"] = dim
+    graph.pop("nodes", None)
+    return [o for o, sec, key, _ in parsed if not (sec == "graph" and key == "nodes")]
 
 
 def _refuse_ignored_graph_overrides(data: dict, overrides, source: str) -> None:

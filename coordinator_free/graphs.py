@@ -160,14 +160,22 @@ def gossip_matrix(g: nx.Graph, weights: str = "metropolis") -> np.ndarray:
             raise GraphError(f"unknown weights {weights!r}; expected one of {WEIGHT_SCHEMES}")
         w[a, b] = w[b, a] = val
     # Diagonal: 1 - sum of the off-diagonal entries, summed in node order (as each peer does).
+    # (fsum is exact: the zero entries, skipped here, change nothing.)
     for v in range(n):
-        w[v, v] = 1.0 - math.fsum(w[v, u] for u in range(n) if u != v)
+        row = w[v]
+        w[v, v] = 1.0 - math.fsum(row[u] for u in np.flatnonzero(row) if u != v)
     return w
 
 
 def spectral_gap(w: np.ndarray) -> float:
-    """lambda_W = min over eigenvalues lambda != 1 of (1 - |lambda|) (Definition 2)."""
-    ev = np.linalg.eigvalsh(w)
+    """lambda_W = min over eigenvalues lambda != 1 of (1 - |lambda|) (Definition 2).
+
+    Computed on one BLAS thread: peers, simulator and planner get the same last bits
+    (:mod:`coordinator_free.blas`)."""
+    from coordinator_free.blas import one_thread
+
+    with one_thread():
+        ev = np.linalg.eigvalsh(w)
     ev = np.sort(ev)
     # Drop one eigenvalue 1 (the consensus direction); the graph is connected so it is simple.
     rest = ev[:-1]

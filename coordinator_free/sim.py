@@ -38,7 +38,7 @@ def simulate(cfg: Config, plan=None, streams: seeds.Streams | None = None, *, us
     value at exchange t; replaying a realised schedule from the logs with it reproduces a faulty
     run's values (default: every exchange completed)."""
     opts = {} if used is None else {"used": used}
-    return family_of(cfg.protocol.name).simulate(cfg, plan, streams, **opts)
+    return family_of(cfg.protocol.name).simulate_as_peers(cfg, plan, streams, **opts)
 
 
 def simulate_learning(
@@ -49,9 +49,9 @@ def simulate_learning(
     (given the same streams). ``keep_correlated`` (decor): also return every node's correlated
     term per round."""
     opts = {"keep_correlated": True} if keep_correlated else {}
-    return family_of(cfg.protocol.name).simulate(cfg, None, streams, **opts)
+    return family_of(cfg.protocol.name).simulate_as_peers(cfg, None, streams, **opts)
 
 
 def simulate_walk(cfg: Config, streams: seeds.Streams | None = None) -> WalkSimResult:
     """Run every token of a token protocol to its end in one process, fault-free."""
-    return family_of(cfg.protocol.name).simulate(cfg, None, streams)
+    return family_of(cfg.protocol.name).simulate_as_peers(cfg, None, streams)

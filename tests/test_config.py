@@ -111,7 +111,16 @@ def test_text_keys_take_the_raw_override_text(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "base, overrides, fragment",
     [
-        (config.RUN_DEFAULT_CONFIG, ["graph.nodes=6"], "graph.kind is 'hypercube' (its size is 2^"),
+        (
+            config.RUN_DEFAULT_CONFIG,
+            ["graph.nodes=6"],
+            "graph.kind is 'hypercube', whose size is 2^graph.dim; 6 is not a power of two",
+        ),
+        (
+            config.RUN_DEFAULT_CONFIG,
+            ["graph.nodes=16", "graph.dim=3"],
+            "graph.nodes=16 is a hypercube of dim 4, not --set graph.dim=3",
+        ),
         (None, ["graph.dim=3"], "graph.dim is read only by hypercube graphs"),
         (None, ["graph.p=0.3"], "add e.g. --set graph.kind=erdos_renyi"),
         (
@@ -130,6 +139,15 @@ def test_an_override_the_graph_kind_ignores_is_refused(base, overrides, fragment
     """`--set graph.nodes=6` on the 64-node hypercube would silently run 64 nodes."""
     with pytest.raises(config.ConfigError, match=re.escape(fragment)):
         config.load(base, overrides)
+
+
+def test_nodes_on_a_hypercube_is_its_power_of_two():
+    """`cfree run --set graph.nodes=256` on the default hypercube runs the 256-node hypercube."""
+    cfg = config.load(config.RUN_DEFAULT_CONFIG, ["graph.nodes=256"])
+    assert cfg.graph.kind == "hypercube" and cfg.graph.dim == 8 and cfg.graph_n() == 256
+    assert config.load(config.RUN_DEFAULT_CONFIG, ["graph.nodes=8", "graph.dim=3"]).graph_n() == 8
+    # The dim written in the file gives way to the override; the config records the dim.
+    assert "dim = 8" in cfg.to_toml()
 
 
 def test_keys_of_other_graph_kinds_in_a_file_or_with_the_kind_are_accepted(tmp_path):

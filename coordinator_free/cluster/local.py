@@ -35,6 +35,7 @@ import numpy as np
 
 from coordinator_free import roster as roster_mod
 from coordinator_free import rundir, seeds
+from coordinator_free.cluster.forkserver import ForkServer
 from coordinator_free.config import Config
 from coordinator_free.errors import CfreeError
 from coordinator_free.families import family_of, make_plan
@@ -45,6 +46,11 @@ from coordinator_free.verdict import read_result
 
 class LaunchError(CfreeError, RuntimeError):
     pass
+
+
+#: How ``cfree run`` starts its peers: forked from a fork server (default), or as fresh
+#: interpreters.
+SPAWN_MODES = ("fork", "exec")
 
 
 @dataclass
@@ -261,17 +267,20 @@ async def supervise_peers(
     timeout_s: float | None = None,
     on_event: Callable[[int, dict, int], None] | None = None,
     after_spawn: Callable[[], None] | None = None,
+    forkserver: ForkServer | None = None,
 ) -> LocalRun:
     """Start one peer process per node, follow their progress, wait for all of them.
 
     The run directory must already hold the config, roster and keys. ``command(node, argv)``
     turns a node's ``cfree peer`` command line (:func:`peer_argv`) into the one to execute and
     the file descriptors it inherits. ``after_spawn()`` runs once every process has started.
+    With a ``forkserver``, each peer is forked from it (the command must then be the plain
+    ``cfree peer`` one, not wrapped) instead of starting a fresh interpreter.
     Peers still running at ``timeout_s`` are killed, and so is every peer still running when
     this coroutine ends in any other way (error, Ctrl-C, cancellation).
     """
     n = plan.n
-    procs: list[asyncio.subprocess.Process] = []
+    procs: list = []  # asyncio subprocesses, or ForkedProcess
     try:
         rundir.logs_dir(out_dir).mkdir(exist_ok=True)
         display = ProgressDisplay(
@@ -281,10 +290,16 @@ async def supervise_peers(
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         t0 = time.monotonic()
+        watchers = []
+        display.render()  # "up 0/n" until the peers report in
         for i in range(n):
             argv, fds = command(i, peer_argv(out_dir, i))
-            procs.append(
-                await asyncio.create_subprocess_exec(
+            if forkserver is not None:
+                if argv[:3] != peer_argv(out_dir, i)[:3]:
+                    raise LaunchError(f"the fork server runs `cfree` commands, not {argv[0]}")
+                proc = await forkserver.spawn(argv[3:], pass_fds=fds, env=env)
+            else:
+                proc = await asyncio.create_subprocess_exec(
                     *argv,
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.PIPE,
@@ -292,18 +307,19 @@ async def supervise_peers(
                     pass_fds=fds,
                     env=env,
                 )
+            procs.append(proc)
+            # Followed from the start: progress shows while the rest are still starting.
+            watchers.append(
+                asyncio.ensure_future(
+                    _watch_peer(
+                        i, proc, outcomes[i], display, rundir.stderr_path(out_dir, i), on_event
+                    )
+                )
             )
         if after_spawn is not None:
             after_spawn()
-        display.render()  # every process started: "up 0/n" until they report in
         if timeout_s is None:
             timeout_s = run_timeout(cfg, plan)
-        watchers = [
-            asyncio.ensure_future(
-                _watch_peer(i, p, outcomes[i], display, rundir.stderr_path(out_dir, i), on_event)
-            )
-            for i, p in enumerate(procs)
-        ]
         done, pending = await asyncio.wait(watchers, timeout=timeout_s)
         if pending:
             for i, p in enumerate(procs):
@@ -345,16 +361,24 @@ async def launch_peers(
     show_progress: bool = True,
     timeout_s: float | None = None,
     on_event: Callable[[int, dict, int], None] | None = None,
+    spawn: str = "fork",
 ) -> LocalRun:
     """Generate keys and a roster, spawn one process per node, wait for all of them.
 
+    ``spawn``: "fork" forks every peer from a fork server that imported the peer's modules once
+    (:mod:`~coordinator_free.cluster.forkserver`); "exec" starts each as a fresh interpreter.
     ``on_event(node, event, pid)`` is called for every progress event a peer reports (used by
     fault-injection tests to act at a precise point of a run).
     """
-    plan = make_plan(cfg)
-    n = plan.n
-    socks = bind_sockets(cfg.network.host, n, cfg.network.base_port)
+    if spawn not in SPAWN_MODES:
+        raise LaunchError(f"spawn mode {spawn!r}: expected one of {', '.join(SPAWN_MODES)}")
+    # Started first: the server imports while the keys are made.
+    server = ForkServer.start() if spawn == "fork" else None
+    socks: list[socket.socket] = []
     try:
+        plan = make_plan(cfg)
+        n = plan.n
+        socks = bind_sockets(cfg.network.host, n, cfg.network.base_port)
         hosts = [(cfg.network.host, s.getsockname()[1]) for s in socks]
         ros = roster_mod.generate_keys(n, out_dir / "keys", hosts=hosts, name=cfg.run.name)
         roster_mod.save_roster(rundir.roster_path(out_dir), ros)
@@ -378,10 +402,13 @@ async def launch_peers(
             timeout_s=timeout_s,
             on_event=on_event,
             after_spawn=close_sockets,
+            forkserver=server,
         )
     finally:
         for s in socks:
             s.close()
+        if server is not None:
+            await server.close()
 
 
 def _stderr_tail(path: Path, lines: int = 5) -> str:

@@ -200,17 +200,25 @@ class Family:
         """The audit as a run summary ends with it: pairwise eps by graph distance."""
         self._render("print_audit_compact")(audit)
 
+    def simulate_as_peers(self, cfg, plan=None, streams=None, **opts: Any):
+        """:meth:`simulate` with the peers' arithmetic: BLAS on one thread, as every peer runs
+        (:mod:`coordinator_free.blas`), so a fault-free run equals it bit for bit."""
+        from coordinator_free.blas import one_thread
+
+        with one_thread():
+            return self.simulate(cfg, plan, streams, **opts)
+
     def simulator_diff(self, cfg, plan, run_dir: Path, results: dict, streams) -> float | None:
         """max |networked run - simulator| given the run's node streams (None when nothing
         finished); may annotate ``results`` with the simulator's verdict."""
         return self._render("simulator_diff")(
-            cfg, plan, run_dir, results, lambda: self.simulate(cfg, None, streams)
+            cfg, plan, run_dir, results, lambda: self.simulate_as_peers(cfg, None, streams)
         )
 
     def simulation(self, cfg, streams) -> dict:
         """``cfree simulate --json``: the reference simulator's outcome (with the
         :meth:`reference` a result is judged against, when the family has one)."""
-        out = self._render("simulation")(cfg, self.simulate(cfg, None, streams))
+        out = self._render("simulation")(cfg, self.simulate_as_peers(cfg, None, streams))
         ref = self.reference(cfg)
         if ref is not None:
             out["reference"] = ref

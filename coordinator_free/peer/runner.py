@@ -30,6 +30,7 @@ from pathlib import Path
 
 from coordinator_free import roster as roster_mod
 from coordinator_free import rundir, seeds
+from coordinator_free.blas import one_thread_for_process
 from coordinator_free.config import Config
 from coordinator_free.engine.events import (
     HEARTBEAT_DEADLINES,
@@ -439,6 +440,7 @@ def peer_main(args) -> int:
             return 2
     progress = Progress(args.progress_fd, args.progress_every)
     ignore_fault_signals()
+    one_thread_for_process()  # one process of many: no spinning BLAS threads
     try:
         _run_loop(
             run_peer(cfg, ros, args.id, key, Path(args.out), listen_sock=sock, progress=progress)

@@ -1,0 +1,29 @@
+"""How many threads BLAS and LAPACK may use.
+
+Two reasons to hold them to one thread:
+
+- A peer is one process among hundreds on a machine of a few cores: OpenBLAS worker threads
+  that spin waiting for work would take the CPU every other peer needs (a 256-peer run spent
+  most of its start-up in them).
+- Numbers the peers and the simulator must agree on bit for bit (the gossip matrix's spectral
+  gap, a learning step's gradient) come out of LAPACK with different last bits for different
+  thread counts (eigvalsh of the 256-node hypercube's gossip matrix differs in 234 of 256
+  eigenvalues between one and two threads). Computed with one thread everywhere, they are the
+  same on every machine.
+
+The accountant's own linear algebra is left free to use every core.
+"""
+
+from __future__ import annotations
+
+from threadpoolctl import threadpool_limits
+
+
+def one_thread():
+    """A context in which BLAS and LAPACK calls run on one thread."""
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+def one_thread_for_process() -> None:
+    """Hold BLAS and LAPACK to one thread for the rest of this process (a peer)."""
+    threadpool_limits(limits=1, user_api="blas")

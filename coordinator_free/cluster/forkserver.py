@@ -1,0 +1,431 @@
+"""Fork server: peer processes started from a parent that imported everything once.
+
+A peer started the ordinary way is a fresh interpreter that imports numpy, networkx,
+cryptography, uvloop and the protocol families before it can open a socket: about half a
+second of CPU per peer, which on a small machine makes the start of a 256-peer run last minutes
+and the first steps miss their deadlines. The fork server is one process that imports all of
+that once and then, for every peer, forks a child that runs ``cfree peer`` from the already
+loaded modules. Each peer is still its own OS process (its own pid, memory, key, sockets and
+signals); it only skips the interpreter start and the imports.
+
+Protocol, between the launcher and the server, over a Unix SEQPACKET socket pair (one JSON
+object per packet; file descriptors travel with ``SCM_RIGHTS``):
+
+    launcher -> server   {"spawn": id, "argv": [...], "env": {...}, "cwd": ..., "fds": [t...]}
+                         with the descriptors [stdin, stdout, stderr, *extra]; the child gets
+                         them as 0, 1, 2 and as the numbers ``fds`` lists (e.g. --listen-fd)
+    server -> launcher   {"spawned": id, "pid": pid}  or  {"failed": id, "error": "..."}
+                         {"exited": pid, "code": c}   (c < 0: killed by signal -c)
+
+When the launcher's end closes (it finished, or died), the server kills the children it still
+has and exits: no peer outlives its launcher by more than that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import traceback
+
+from coordinator_free.errors import CfreeError
+
+#: Modules a peer of any family imports: loaded once by the server, shared copy-on-write by
+#: every child.
+PRELOAD = (
+    "coordinator_free.cli",
+    "coordinator_free.peer.runner",
+    "coordinator_free.families.averaging.node",
+    "coordinator_free.families.averaging.validate",
+    "coordinator_free.families.randomized.node",
+    "coordinator_free.families.decor.node",
+    "coordinator_free.families.decor.validate",
+    "coordinator_free.families.learning.node",
+    "coordinator_free.families.learning.validate",
+    "coordinator_free.families.walk.node",
+    "coordinator_free.families.walk.validate",
+    "numpy.random",
+    "uvloop",
+)
+
+_MAX_FDS = 16
+_PACKET = 1 << 20
+
+
+class ForkServerError(CfreeError, RuntimeError):
+    pass
+
+
+# ---------------------------------------------------------------- server side
+
+
+def _preload(modules) -> None:
+    for name in modules:
+        importlib.import_module(name)
+    from coordinator_free import families
+
+    families.families()  # the registry, and every family package with it
+
+
+def _send(sock: socket.socket, msg: dict) -> None:
+    sock.sendall(json.dumps(msg).encode())
+
+
+def serve(sock: socket.socket, preload=PRELOAD) -> None:
+    """The server's loop: fork a child per request, report every child's exit, and end (killing
+    the children still running) when the launcher's end of ``sock`` closes."""
+    _preload(preload)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
+    children: set[int] = set()
+
+    def reap() -> None:
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            children.discard(pid)
+            _send(sock, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+
+    try:
+        while True:
+            ready, _, _ = select.select([sock, wake_r], [], [])
+            if wake_r in ready:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(wake_r, 4096):
+                        pass
+            if sock in ready:
+                msg, fds, _, _ = socket.recv_fds(sock, _PACKET, _MAX_FDS)
+                if not msg:
+                    return  # the launcher is gone
+                try:
+                    req = json.loads(msg)
+                    pid = _fork_child(req, fds, sock, (wake_r, wake_w))
+                except Exception as exc:  # a bad request: say so, keep serving
+                    _send(sock, {"failed": _req_id(msg), "error": f"{type(exc).__name__}: {exc}"})
+                else:
+                    children.add(pid)
+                    _send(sock, {"spawned": req["spawn"], "pid": pid})
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+            reap()
+    except (BrokenPipeError, ConnectionResetError):
+        return
+    finally:
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in list(children):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+
+
+def _req_id(msg: bytes):
+    try:
+        return json.loads(msg).get("spawn")
+    except (ValueError, AttributeError):
+        return None
+
+
+def _fork_child(req: dict, fds: list[int], sock: socket.socket, server_fds: tuple[int, ...]) -> int:
+    argv, env, cwd = req["argv"], req["env"], req["cwd"]
+    targets = [0, 1, 2, *req["fds"]]
+    if len(fds) != len(targets):
+        raise ValueError(f"{len(fds)} descriptors for {len(targets)} targets")
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.close(sock.detach())  # the child has no business with the server's channel
+        for fd in server_fds:
+            os.close(fd)
+        # Move every received descriptor above all the numbers involved, then onto its target:
+        # a target may be the number another descriptor arrived as.
+        floor = max([*fds, *targets]) + 1
+        high = [os.dup(fd) if fd >= floor else _dup_above(fd, floor) for fd in fds]
+        for fd in fds:
+            os.close(fd)
+        for fd, target in zip(high, targets, strict=True):
+            os.dup2(fd, target, inheritable=True)
+            os.close(fd)
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(cwd)
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's own standard streams
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        import random
+
+        random.seed()
+        from coordinator_free.cli import main
+
+        sys.argv = ["cfree", *argv]
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        # The exit of an interpreter, minus unwinding into the server's loop (whose clean-up
+        # would kill this child's siblings): exit handlers (logging's flush among them), then
+        # the standard streams.
+        with contextlib.suppress(BaseException):
+            import atexit
+
+            atexit._run_exitfuncs()
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code if isinstance(code, int) else 1)
+
+
+def _dup_above(fd: int, floor: int) -> int:
+    import fcntl
+
+    return fcntl.fcntl(fd, fcntl.F_DUPFD, floor)
+
+
+def main(argv: list[str]) -> None:
+    """``python -m coordinator_free.cluster.forkserver FD [MODULE,...]``: serve on the inherited
+    socket FD, preloading the modules (default :data:`PRELOAD`)."""
+    sock = socket.socket(fileno=int(argv[0]))
+    serve(sock, tuple(argv[1].split(",")) if len(argv) > 1 else PRELOAD)
+
+
+# ---------------------------------------------------------------- launcher side
+
+
+class ForkedProcess:
+    """A peer forked by the server, with what the launcher uses of an asyncio subprocess:
+    ``pid``, ``stdout`` and ``stderr`` stream readers, ``returncode``, ``wait()``, ``kill()``."""
+
+    def __init__(self, pid: int, stdout, stderr, exited: asyncio.Future):
+        self.pid, self.stdout, self.stderr = pid, stdout, stderr
+        self._exited = exited
+        self.returncode: int | None = None
+        exited.add_done_callback(self._set_code)
+
+    def _set_code(self, fut: asyncio.Future) -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            self.returncode = fut.result()
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+
+class ForkServer:
+    """The launcher's handle on a running fork server (:func:`start`)."""
+
+    def __init__(self, proc: subprocess.Popen, sock: socket.socket, stderr):
+        self._proc, self._sock, self._stderr = proc, sock, stderr
+        self._next = 0
+        self._spawns: dict[int, asyncio.Future] = {}
+        self._exits: dict[int, asyncio.Future] = {}
+        self._early: dict[int, int] = {}
+        self._reader: asyncio.Task | None = None
+        self._closed = False
+
+    @classmethod
+    def start(cls, preload=PRELOAD) -> ForkServer:
+        """Start the server process; it imports ``preload`` while the caller goes on (the first
+        spawn request waits in the socket until the imports are done)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        argv = [sys.executable, "-m", "coordinator_free.cluster.forkserver", str(theirs.fileno())]
+        if preload != PRELOAD:
+            argv.append(",".join(preload))
+        # The server's own diagnostics (an import that fails) go to a file the error quotes.
+        stderr = tempfile.TemporaryFile()
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stderr=stderr,
+                pass_fds=(theirs.fileno(),),
+                close_fds=True,
+            )
+        except BaseException:
+            stderr.close()
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        return cls(proc, ours, stderr)
+
+    def _why_gone(self, error: Exception | None) -> str:
+        try:
+            rc = self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            rc = None
+        self._stderr.seek(0)
+        lines = self._stderr.read().decode(errors="replace").strip().splitlines()
+        said = f": {lines[-1]}" if lines else ""
+        if rc is not None:
+            return f"the fork server ended (exit status {rc}){said}"
+        if error is not None:
+            return f"the fork server's channel failed: {error}{said}"
+        return f"the fork server closed its channel{said}"
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    async def _read(self) -> None:
+        loop = asyncio.get_running_loop()
+        error = None
+        try:
+            while True:
+                data = await loop.sock_recv(self._sock, _PACKET)
+                if not data:
+                    break
+                msg = json.loads(data)
+                if "spawned" in msg:
+                    fut = self._spawns.pop(msg["spawned"], None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(msg["pid"])
+                elif "failed" in msg:
+                    fut = self._spawns.pop(msg["failed"], None)
+                    if fut is not None and not fut.done():
+                        fut.set_exception(ForkServerError(f"fork server: {msg['error']}"))
+                elif "exited" in msg:
+                    fut = self._exits.pop(msg["exited"], None)
+                    if fut is None:
+                        self._early[msg["exited"]] = msg["code"]
+                    elif not fut.done():
+                        fut.set_result(msg["code"])
+        except (OSError, ValueError) as exc:
+            error = exc
+        # The server is gone: nothing pending will be answered.
+        why = await asyncio.get_running_loop().run_in_executor(None, self._why_gone, error)
+        for fut in [*self._spawns.values(), *self._exits.values()]:
+            if not fut.done():
+                fut.set_exception(ForkServerError(why))
+        self._spawns.clear()
+        self._exits.clear()
+
+    async def spawn(
+        self, argv: list[str], *, pass_fds: tuple[int, ...] = (), env: dict | None = None
+    ) -> ForkedProcess:
+        """Fork a child running ``cfree <argv>`` with stdin from /dev/null, stdout and stderr to
+        pipes (read as ``.stdout`` and ``.stderr``), and ``pass_fds`` under the same numbers."""
+        loop = asyncio.get_running_loop()
+        if self._reader is None:
+            self._reader = asyncio.ensure_future(self._read())
+        if self._reader.done():
+            raise ForkServerError("the fork server is not running")
+        req_id = self._next
+        self._next += 1
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        try:
+            msg = json.dumps(
+                {
+                    "spawn": req_id,
+                    "argv": list(argv),
+                    "env": dict(os.environ if env is None else env),
+                    "cwd": os.getcwd(),
+                    "fds": list(pass_fds),
+                }
+            ).encode()
+            fut = loop.create_future()
+            self._spawns[req_id] = fut
+            await self._send_fds(msg, [devnull, out_w, err_w, *pass_fds])
+        except BaseException:
+            os.close(out_r)
+            os.close(err_r)
+            raise
+        finally:
+            for fd in (devnull, out_w, err_w):
+                os.close(fd)
+        try:
+            pid = await fut
+        except BaseException:
+            os.close(out_r)
+            os.close(err_r)
+            raise
+        exited = loop.create_future()
+        if pid in self._early:
+            exited.set_result(self._early.pop(pid))
+        else:
+            self._exits[pid] = exited
+        stdout = await _reader_of(out_r)
+        stderr = await _reader_of(err_r)
+        return ForkedProcess(pid, stdout, stderr, exited)
+
+    async def _send_fds(self, msg: bytes, fds: list[int]) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                socket.send_fds(self._sock, [msg], fds)
+                return
+            except BlockingIOError:
+                ready = loop.create_future()
+                loop.add_writer(self._sock.fileno(), ready.set_result, None)
+                try:
+                    await ready
+                finally:
+                    loop.remove_writer(self._sock.fileno())
+
+    async def close(self) -> None:
+        """End the server (it kills any child still running) and wait for it."""
+        if self._closed:
+            return
+        self._closed = True
+        self._sock.close()
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(loop.run_in_executor(None, self._proc.wait), timeout=10)
+        except TimeoutError:
+            self._proc.kill()
+            await loop.run_in_executor(None, self._proc.wait)
+        finally:
+            self._stderr.close()
+
+
+async def _reader_of(fd: int) -> asyncio.StreamReader:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=_PACKET)
+    await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
+    )
+    return reader
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,189 @@
+"""The fork server: peers forked from one process that imported everything once.
+
+Real processes throughout: a real server process, real forked children, real pipes and signals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from coordinator_free.cluster.forkserver import ForkServer, ForkServerError
+
+# Preload little: these tests are about the mechanism, not the import time it saves.
+LIGHT = ("coordinator_free.cli",)
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or only its exit status left (a zombie whose parent is gone)."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+@pytest.fixture
+def waiting_peer(tmp_path):
+    """argv of ``cfree peer`` for node 0 or 1 of a 3-ring whose node 2 never comes: it
+    listens on the inherited socket ``fd``, reports it, and waits two minutes to connect."""
+    keys = tmp_path / "keys"
+    subprocess.run(
+        [sys.executable, "-m", "coordinator_free", "keygen", "--hosts",
+         "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", "--out", str(keys)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        "[graph]\nkind='ring'\nnodes=3\n[network]\nconnect_timeout_s=120\n[run]\nname='fs'\n"
+    )
+
+    def argv(node: int, fd: int) -> list[str]:
+        return ["peer", "--config", str(cfg), "--roster", str(keys / "roster.json"),
+                "--key", str(keys / "keys" / f"node-{node}.key"), "--id", str(node),
+                "--out", str(tmp_path / "run"), "--listen-fd", str(fd),
+                "--progress-fd", "1"]  # fmt: skip
+
+    return argv
+
+
+async def _wait_gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _gone(pid):
+            return True
+        await asyncio.sleep(0.05)
+    return _gone(pid)
+
+
+def test_children_run_cfree_with_their_own_streams_and_exit_codes(tmp_path):
+    async def main():
+        server = ForkServer.start(LIGHT)
+        try:
+            ok = await server.spawn(["--version"])
+            bad = await server.spawn(["plan", "--set", "graph.nodes=banana"])
+            outs = [await ok.stdout.read(), await bad.stdout.read()]
+            errs = [await ok.stderr.read(), await bad.stderr.read()]
+            codes = [await ok.wait(), await bad.wait()]
+            return ok, bad, outs, errs, codes
+        finally:
+            await server.close()
+
+    ok, bad, outs, errs, codes = asyncio.run(main())
+    assert ok.pid != bad.pid and ok.pid != os.getpid()
+    assert outs[0].decode().startswith("cfree ")
+    assert codes == [0, 2]
+    assert ok.returncode == 0 and bad.returncode == 2
+    assert b"graph.nodes" in errs[1]  # the child's stderr is its own pipe
+
+
+def test_a_child_gets_the_launchers_descriptors_under_the_same_numbers(tmp_path):
+    """--listen-fd N: the launcher's descriptor N must be N in the child. Here the child writes
+    its result to an inherited pipe given as its progress descriptor (``cfree peer`` writes a
+    ``failed`` event there when its config is unreadable)."""
+    r, w = os.pipe()
+    target = 200 if w != 200 else 201
+    os.dup2(w, target)
+    os.close(w)
+
+    async def main():
+        server = ForkServer.start(LIGHT)
+        try:
+            child = await server.spawn(
+                ["peer", "--config", str(tmp_path / "missing.toml"), "--roster", "r.json",
+                 "--key", "k", "--id", "0", "--out", str(tmp_path), "--progress-fd",
+                 str(target)],
+                pass_fds=(target,),
+            )  # fmt: skip
+            os.close(target)
+            err = await child.stderr.read()
+            return await child.wait(), err
+        finally:
+            await server.close()
+
+    code, err = asyncio.run(main())
+    assert code == 2
+    assert b"missing.toml" in err
+    # The child closed its end and no one else holds the pipe's write end: EOF, not a hang.
+    os.set_blocking(r, True)
+    assert os.read(r, 100) == b""
+    os.close(r)
+
+
+def test_a_killed_child_reports_the_signal_and_the_server_ends_the_rest(waiting_peer):
+    socks = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    fds = [s.fileno() for s in socks]
+
+    async def main():
+        server = ForkServer.start()
+        a = await server.spawn(waiting_peer(0, fds[0]), pass_fds=(fds[0],))
+        b = await server.spawn(waiting_peer(1, fds[1]), pass_fds=(fds[1],))
+        for s in socks:
+            s.close()
+        for p in (a, b):  # both up and waiting for their neighbour
+            line = await asyncio.wait_for(p.stdout.readline(), 60)
+            assert line, (await p.stderr.read()).decode()
+            assert json.loads(line)["event"] == "listening"
+        a.kill()
+        code = await asyncio.wait_for(a.wait(), 30)
+        assert b.returncode is None and not _gone(b.pid)
+        await server.close()
+        return code, b.pid, await _wait_gone(b.pid)
+
+    code, other, gone = asyncio.run(main())
+    assert code == -signal.SIGKILL
+    assert gone, f"peer {other} outlived the fork server"
+
+
+def test_children_do_not_outlive_a_launcher_that_dies(waiting_peer):
+    """A launcher SIGKILLed mid-run: the server sees its channel close, kills its peers, ends."""
+    script = textwrap.dedent(
+        f"""
+        import asyncio, json, socket
+        from coordinator_free.cluster.forkserver import ForkServer
+
+        async def main():
+            sock = socket.create_server(("127.0.0.1", 0))
+            fd = sock.fileno()
+            argv = {waiting_peer(0, 12345)!r}
+            argv[argv.index("12345")] = str(fd)
+            server = ForkServer.start()
+            child = await server.spawn(argv, pass_fds=(fd,))
+            assert json.loads(await child.stdout.readline())["event"] == "listening"
+            print(server.pid, child.pid, flush=True)
+            await asyncio.sleep(3600)
+
+        asyncio.run(main())
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        server_pid, child_pid = map(int, proc.stdout.readline().split())
+        assert not _gone(server_pid) and not _gone(child_pid)
+        proc.kill()
+        proc.wait(10)
+        assert asyncio.run(_wait_gone(child_pid)), "a peer outlived its launcher"
+        assert asyncio.run(_wait_gone(server_pid)), "the fork server outlived its launcher"
+    finally:
+        proc.kill()
+
+
+def test_a_server_that_cannot_start_is_a_clear_error():
+    async def main():
+        server = ForkServer.start(("coordinator_free.no_such_module",))
+        try:
+            with pytest.raises(ForkServerError, match="no_such_module"):
+                await asyncio.wait_for(server.spawn(["--version"]), 60)
+        finally:
+            await server.close()
+
+    asyncio.run(main())
