@@ -17,6 +17,7 @@ ARRAY_EXT = 1
 ALLOWED_DTYPES = frozenset(
     ["<f8", "<f4", "<i8", "<i4", "<i2", "|i1", "<u8", "<u4", "<u2", "|u1", "|b1"]
 )
+_DTYPES = {name: np.dtype(name) for name in ALLOWED_DTYPES}
 MAX_ARRAY_DIMS = 8
 # Largest encoded header: fixarray + dtype string + array of MAX_ARRAY_DIMS uint64 values.
 _HEADER_MAX = 1 + 6 + 1 + 9 * MAX_ARRAY_DIMS
@@ -43,19 +44,56 @@ def _default(obj):
     raise TypeError(f"cannot encode object of type {type(obj).__name__}")
 
 
+_UINT = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+
+
+def _canonical_header(b: bytes) -> tuple[list, int] | None:
+    """``([dtype, shape], offset)`` of a header as :func:`pack` writes it (a fixarray of a
+    fixstr and a fixarray of unsigned ints), read without building an unpacker; None for any
+    other layout, which the general msgpack path then parses (and judges)."""
+    try:
+        if b[0] != 0x92 or not 0xA0 <= b[1] <= 0xBF:
+            return None
+        end = 2 + b[1] - 0xA0
+        dtype = b[2:end].decode("ascii")
+        count = b[end] - 0x90
+        if not 0 <= count <= 0x0F or len(dtype) != end - 2:
+            return None
+        pos = end + 1
+        shape = []
+        for _ in range(count):
+            c = b[pos]
+            if c < 0x80:
+                shape.append(c)
+                pos += 1
+                continue
+            size = _UINT.get(c)
+            if size is None or pos + 1 + size > len(b):
+                return None
+            shape.append(int.from_bytes(b[pos + 1 : pos + 1 + size], "big"))
+            pos += 1 + size
+        return [dtype, shape], pos
+    except (IndexError, UnicodeDecodeError):
+        return None
+
+
 def _ext_hook(code: int, data: bytes):
     if code != ARRAY_EXT:
         raise CodecError(f"unknown extension type {code}")
     # The [dtype, shape] header is a few dozen bytes: parse only a bounded prefix instead of
     # copying the whole array body into the unpacker.
     prefix = bytes(memoryview(data)[:_HEADER_MAX])
-    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=_HEADER_MAX + 1)
-    unpacker.feed(prefix)
-    try:
-        header = unpacker.unpack()
-    except Exception as exc:  # msgpack raises several types here
-        raise CodecError(f"bad array header: {exc}") from None
-    offset = unpacker.tell()
+    fast = _canonical_header(prefix)
+    if fast is not None:
+        header, offset = fast
+    else:
+        unpacker = msgpack.Unpacker(raw=False, max_buffer_size=_HEADER_MAX + 1)
+        unpacker.feed(prefix)
+        try:
+            header = unpacker.unpack()
+        except Exception as exc:  # msgpack raises several types here
+            raise CodecError(f"bad array header: {exc}") from None
+        offset = unpacker.tell()
     if (
         not isinstance(header, list)
         or len(header) != 2
@@ -64,11 +102,11 @@ def _ext_hook(code: int, data: bytes):
     ):
         raise CodecError("bad array header: expected [dtype, shape]")
     dtype, shape = header
-    if dtype not in ALLOWED_DTYPES:
+    dt = _DTYPES.get(dtype) if isinstance(dtype, str) else None
+    if dt is None:
         raise CodecError(f"array dtype {dtype!r} is not allowed")
-    if len(shape) > MAX_ARRAY_DIMS or not all(isinstance(s, int) and s >= 0 for s in shape):
+    if len(shape) > MAX_ARRAY_DIMS or not all(type(s) is int and s >= 0 for s in shape):
         raise CodecError(f"bad array shape {shape!r}")
-    dt = np.dtype(dtype)
     count = math.prod(shape)
     body = memoryview(data)[offset:]
     if len(body) != count * dt.itemsize:
@@ -76,7 +114,8 @@ def _ext_hook(code: int, data: bytes):
             f"array body has {len(body)} bytes, dtype {dtype} shape {tuple(shape)} needs "
             f"{count * dt.itemsize}"
         )
-    return np.frombuffer(body, dtype=dt).reshape(shape)
+    arr = np.frombuffer(body, dtype=dt)
+    return arr if len(shape) == 1 else arr.reshape(shape)
 
 
 def pack(obj) -> bytes:

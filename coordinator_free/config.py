@@ -161,6 +161,9 @@ class NetworkSection:
     deadline_s: float = 10.0
     connect_timeout_s: float = 30.0
     max_frame_bytes: int = 64 << 20
+    # Frame AEAD: "auto" (AES-256-GCM where both ends have AES instructions, else
+    # ChaCha20-Poly1305), or one of them by name.
+    cipher: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -649,6 +652,12 @@ def validate(cfg: Config) -> None:
         )
     if not 1024 <= nw.max_frame_bytes <= 1 << 31:
         raise ConfigError(f"{s}: network.max_frame_bytes must be in 1024..2^31")
+    from coordinator_free.net.channel import CIPHER_CHOICES
+
+    if nw.cipher not in CIPHER_CHOICES:
+        raise ConfigError(
+            f"{s}: network.cipher must be one of {', '.join(CIPHER_CHOICES)}, got {nw.cipher!r}"
+        )
     if not nw.host:
         raise ConfigError(f"{s}: network.host must not be empty")
     if not 0 < pv.eps0 <= 50:

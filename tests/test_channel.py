@@ -14,8 +14,11 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from coordinator_free.net.channel import (
+    AES_256_GCM,
+    CHACHA20_POLY1305,
     HEADER_SIZE,
     M1_SIZE,
+    M2_SIZE,
     MAX_SEQ,
     TAG_SIZE,
     AuthenticationError,
@@ -31,6 +34,8 @@ from coordinator_free.net.channel import (
     MessageReceived,
     PeerRejected,
     SecureChannel,
+    cipher_suites,
+    cpu_has_aes,
     dup_dial_action,
     edge_leader,
     run_tag,
@@ -140,7 +145,7 @@ def test_wire_sizes(keys, roster):
     m1 = ini.data_to_send()
     assert len(m1) == M1_SIZE == 64
     res.receive_data(m1)
-    assert len(res.data_to_send()) == 48
+    assert len(res.data_to_send()) == M2_SIZE == 50
     ini, res = established_pair(keys, roster)
     ini.send(b"abc")
     frame = ini.data_to_send()
@@ -202,7 +207,7 @@ def test_bytes_needed_guides_exact_reads(keys, roster):
     res.receive_data(b"CFCH")
     assert res.bytes_needed() == M1_SIZE - 4
     ini.start()
-    assert ini.bytes_needed() == 48
+    assert ini.bytes_needed() == M2_SIZE
     ini2, res2 = established_pair(keys, roster)
     ini2.send(b"x" * 1000)
     data = ini2.data_to_send()
@@ -454,9 +459,68 @@ def test_wrong_version(keys, roster):
     ini, res = make_pair(keys, roster)
     ini.start()
     m1 = bytearray(ini.data_to_send())
-    m1[5] = 2
-    with pytest.raises(PeerRejected, match="version 2"):
+    m1[5] = 1  # the version before cipher negotiation
+    with pytest.raises(PeerRejected, match="version 1; this node speaks 2"):
         res.receive_data(bytes(m1))
+
+
+def _pair_with(keys, roster, offer, accept):
+    ini = SecureChannel(local_id=0, static_key=keys[0], roster_keys=roster, run_id=RUN,
+                        initiator=True, peer_id=1, ciphers=offer)  # fmt: skip
+    res = SecureChannel(local_id=1, static_key=keys[1], roster_keys=roster, run_id=RUN,
+                        initiator=False, ciphers=accept)  # fmt: skip
+    return ini, res
+
+
+@pytest.mark.parametrize(
+    "offer, accept, chosen",
+    [
+        ((AES_256_GCM, CHACHA20_POLY1305), (AES_256_GCM, CHACHA20_POLY1305), "aes-256-gcm"),
+        # The responder's order decides among what both have.
+        ((AES_256_GCM, CHACHA20_POLY1305), (CHACHA20_POLY1305, AES_256_GCM), "chacha20-poly1305"),
+        ((CHACHA20_POLY1305,), (AES_256_GCM, CHACHA20_POLY1305), "chacha20-poly1305"),
+        ((AES_256_GCM,), (AES_256_GCM,), "aes-256-gcm"),
+    ],
+)
+def test_the_frame_cipher_is_negotiated(keys, roster, offer, accept, chosen):
+    ini, res = _pair_with(keys, roster, offer, accept)
+    pump(ini, res)
+    assert ini.established and res.established
+    assert ini.cipher == res.cipher == chosen
+    ini.send(b"both ways")
+    assert res.receive_data(ini.data_to_send()) == [MessageReceived(b"both ways")]
+    res.send(b"back")
+    assert ini.receive_data(res.data_to_send()) == [MessageReceived(b"back")]
+
+
+def test_no_common_cipher_is_refused_by_name(keys, roster):
+    ini, res = _pair_with(keys, roster, (CHACHA20_POLY1305,), (AES_256_GCM,))
+    ini.start()
+    with pytest.raises(PeerRejected, match="offers chacha20-poly1305; this node accepts aes-256"):
+        res.receive_data(ini.data_to_send())
+
+
+def test_a_downgraded_offer_fails_authentication(keys, roster):
+    """Someone on the path strips AES from the offer: the responder answers the offer it saw,
+    but M1 is in the transcript, so the initiator's check of tag2 fails."""
+    both = (AES_256_GCM, CHACHA20_POLY1305)
+    ini, res = _pair_with(keys, roster, both, both)
+    ini.start()
+    m1 = bytearray(ini.data_to_send())
+    m1[7] = CHACHA20_POLY1305
+    res.receive_data(bytes(m1))
+    with pytest.raises(AuthenticationError):
+        ini.receive_data(res.data_to_send())
+
+
+def test_cipher_settings():
+    assert cipher_suites("chacha20-poly1305") == (CHACHA20_POLY1305,)
+    assert cipher_suites("aes-256-gcm") == (AES_256_GCM,)
+    auto = cipher_suites("auto")
+    assert auto[-1] == CHACHA20_POLY1305
+    assert (AES_256_GCM in auto) == cpu_has_aes()
+    with pytest.raises(ValueError, match="expected one of auto"):
+        cipher_suites("rot13")
 
 
 def test_data_before_start_and_send_before_handshake(keys, roster):

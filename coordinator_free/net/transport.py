@@ -70,6 +70,7 @@ from coordinator_free.net.channel import (
     HandshakeError,
     MessageReceived,
     SecureChannel,
+    cipher_suites,
     dup_dial_action,
     edge_leader,
 )
@@ -97,6 +98,9 @@ HEARTBEAT = b"heartbeat"
 #: A frame body longer than this is read as it arrives rather than in one piece, so that a large
 #: frame in transit counts as life for the silence detector.
 CHUNK = 64 << 10
+#: Small writes made in one turn of the event loop go to the socket together at its end, up to
+#: this many bytes (more is written at once).
+COALESCE = 64 << 10
 #: StreamReader buffer limit: reading pauses once about twice this much is buffered and not yet
 #: consumed (readexactly of a larger frame still works, it resumes reading as it goes). Keeps
 #: what an unauthenticated connection can make us hold small.
@@ -167,6 +171,30 @@ class _Drop(Exception):
 # --------------------------------------------------------------------------- connection
 
 
+class _EventQueue(deque):
+    """The node's events in arrival order: a deque, plus a wait for the next one when empty
+    (one reader: :meth:`PeerNet.next_event`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._waiter: asyncio.Future | None = None
+
+    def put(self, ev: NetEvent) -> None:
+        self.append(ev)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def get(self) -> NetEvent:
+        while not self:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self.popleft()
+
+
 class _Conn:
     __slots__ = (
         "cid",
@@ -193,6 +221,8 @@ class _Conn:
         "delay_handle",
         "corrupted",
         "hs_suppressed",
+        "wbuf",
+        "wbytes",
     )
 
     def __init__(
@@ -229,6 +259,10 @@ class _Conn:
         self.delay_handle: asyncio.TimerHandle | None = None
         self.corrupted: int | None = None  # fault injection: the frame sent with a flipped bit
         self.hs_suppressed = False  # fault injection: handshake bytes were withheld (blocked)
+        # Bytes written in this turn of the event loop, handed to the socket together at its
+        # end (one system call for a step's small frames): None when nothing is waiting.
+        self.wbuf: list[bytes] | None = None
+        self.wbytes = 0
 
     @property
     def label(self) -> str:
@@ -294,8 +328,10 @@ class PeerNet:
         heartbeat_s: float | None = None,
         silence_s: float | None = None,
         faults: LinkFaults | None = None,
+        cipher: str = "auto",
     ) -> None:
         roster = {nid: bytes(pub) for nid, pub in roster_keys.items()}
+        suites = cipher_suites(cipher)  # raises ValueError naming the choices
         nbrs = frozenset(neighbours)
         if node_id in nbrs:
             raise ValueError(f"node {node_id} lists itself as a neighbour")
@@ -310,7 +346,9 @@ class PeerNet:
             run_id=run_id,
             initiator=False,
             max_frame=max_frame,
+            ciphers=suites,
         )
+        self._suites = suites
         for name, value in (
             ("handshake_timeout", handshake_timeout),
             ("io_timeout", io_timeout),
@@ -378,7 +416,7 @@ class PeerNet:
         self._up = {p: asyncio.Event() for p in nbrs}
         self._down_reported: set[int] = set()
         self._last_reason: dict[int, str] = {}
-        self._events: asyncio.Queue[NetEvent] = asyncio.Queue()
+        self._events = _EventQueue()
         self._conns: set[_Conn] = set()
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -542,16 +580,18 @@ class PeerNet:
             except ChannelError as exc:  # counter exhausted: this connection cannot send more
                 self._drop(conn, str(exc), level=logging.WARNING, graceful=False)
                 raise PeerGone(peer, str(exc)) from None
-            frame = conn.channel.data_to_send()
             if faults is None:
-                self._write(conn, frame)
+                self._write(conn, conn.channel.take_output())  # header and body, not joined
             else:
+                frame = conn.channel.data_to_send()
                 if corrupt and copy == 0:
                     frame = self._corrupt(conn, peer, frame)
                 self._write_frame(conn, frame, faults.delay_s)
             self._stats[peer].frames_sent += 1
         if copies == 0:
             return
+        if not conn.writer.transport.get_write_buffer_size():
+            return  # all handed to the kernel: nothing to wait for (the common case)
         limit = self._send_timeout if timeout is None else timeout
         try:
             async with asyncio.timeout(limit):
@@ -568,8 +608,8 @@ class PeerNet:
     async def next_event(self, timeout: float) -> NetEvent | None:
         """The next :class:`Inbound` / :class:`PeerDown` / :class:`PeerUp`, or None after
         ``timeout`` seconds without one."""
-        if not self._events.empty():
-            return self._events.get_nowait()
+        if self._events:
+            return self._events.popleft()
         if timeout <= 0:
             return None
         try:
@@ -656,6 +696,7 @@ class PeerNet:
             peer_id=peer,
             allowed_peers=self._neighbours,
             max_frame=self._max_frame,
+            ciphers=self._suites,
         )
         conn = _Conn(
             next(self._cids), reader, writer, channel, asyncio.get_running_loop().create_future()
@@ -807,18 +848,23 @@ class PeerNet:
     async def _read(self, conn: _Conn, timeout: float | None, what: str) -> None:
         """Read what the channel needs next and feed it; dispatch resulting events.
 
-        A large frame body is taken as it arrives (so its progress counts as life); everything
-        else is read exactly.
+        Once the channel is established, whatever has arrived is taken at once (every frame
+        it completes is dispatched; a large frame's progress counts as life); handshake
+        messages are read exactly.
         """
         ch = conn.channel
         n = ch.bytes_needed()
         try:
-            async with asyncio.timeout(timeout):
-                if n > CHUNK and ch.established:
-                    data = await conn.reader.read(n)
-                    if not data:
-                        raise asyncio.IncompleteReadError(b"", n)
+            if ch.established:
+                if timeout is None:  # between frames: no deadline to arm
+                    data = await conn.reader.read(max(n, CHUNK))
                 else:
+                    async with asyncio.timeout(timeout):
+                        data = await conn.reader.read(max(n, CHUNK))
+                if not data:
+                    raise asyncio.IncompleteReadError(b"", n)
+            else:
+                async with asyncio.timeout(timeout):
                     data = await conn.reader.readexactly(n)
         except TimeoutError:
             raise TimeoutError(f"{what} not received within {timeout:g} s") from None
@@ -943,7 +989,7 @@ class PeerNet:
             msg = decode_message(ev.payload, max_size=self._max_frame)
             self._stats[peer].frames_received += 1
             if self._selected.get(peer) is conn and not self._closing:
-                self._events.put_nowait(Inbound(peer, msg))
+                self._events.put(Inbound(peer, msg))
         elif isinstance(ev, ControlReceived):
             assert peer is not None
             if ev.payload == HEARTBEAT:
@@ -976,7 +1022,7 @@ class PeerNet:
         if peer in self._down_reported:
             self._down_reported.discard(peer)
             if not self._closing:
-                self._events.put_nowait(PeerUp(peer))
+                self._events.put(PeerUp(peer))
 
     def _peer_down(self, peer: int, reason: str, level: int = logging.WARNING) -> None:
         self._up[peer].clear()
@@ -985,7 +1031,7 @@ class PeerNet:
             return
         log.log(level, "node %d: channel to node %d down: %s", self._node_id, peer, reason)
         self._down_reported.add(peer)
-        self._events.put_nowait(PeerDown(peer, reason))
+        self._events.put(PeerDown(peer, reason))
         self._start_redial(peer)
 
     def _start_redial(self, peer: int) -> None:
@@ -1030,6 +1076,7 @@ class PeerNet:
             if conn.task is not None and conn.task is not asyncio.current_task():
                 conn.task.cancel()
         elif graceful and not transport.is_closing():
+            self._flush(conn)  # what was written before the close goes out before it
             conn.writer.close()
         elif not graceful:
             transport.abort()  # do not flush anything to a misbehaving peer
@@ -1044,15 +1091,47 @@ class PeerNet:
 
     # ----------------------------------------------------------------- writing
 
-    def _write(self, conn: _Conn, data: bytes) -> None:
-        if not data or conn.closed:
+    def _write(self, conn: _Conn, data: bytes | list[bytes]) -> None:
+        """Queue ``data`` (bytes, or a list of byte strings sent back to back) for ``conn``.
+
+        Writes made in the same turn of the event loop are coalesced: they reach the socket
+        together, in order, when the turn ends (or at once past :data:`COALESCE` bytes)."""
+        if conn.closed:
             return
-        conn.writer.write(data)
+        parts = data if isinstance(data, list) else [data]
+        size = sum(map(len, parts))
+        if not size:
+            return
+        if conn.wbuf is None:
+            conn.wbuf = parts
+            asyncio.get_running_loop().call_soon(self._flush_scheduled, conn)
+        else:
+            conn.wbuf.extend(parts)
+        conn.wbytes += size
+        if conn.wbytes >= COALESCE:
+            self._flush(conn)
         conn.last_tx = time.monotonic()
         if conn.counted and conn.peer is not None:
-            self._stats[conn.peer].bytes_sent += len(data)
+            self._stats[conn.peer].bytes_sent += size
         else:
-            conn.tx += len(data)
+            conn.tx += size
+
+    def _flush(self, conn: _Conn) -> None:
+        """Hand the coalesced writes of ``conn`` to its socket."""
+        parts = conn.wbuf
+        if not parts:
+            return
+        conn.wbuf, conn.wbytes = [], 0  # [] (not None): the scheduled flush is still to come
+        if conn.writer.transport.is_closing():
+            return
+        if len(parts) == 1:
+            conn.writer.write(parts[0])
+        else:
+            conn.writer.writelines(parts)
+
+    def _flush_scheduled(self, conn: _Conn) -> None:
+        self._flush(conn)
+        conn.wbuf = None
 
     def _send_control(self, conn: _Conn, payload: bytes) -> bool:
         """Encrypt and write one control frame (behind any delayed data); False if it could

@@ -95,6 +95,8 @@ def register_kind(kind: str) -> None:
 
 
 def _check_kind(kind: Any) -> str:
+    if type(kind) is str and kind in ALLOWED_KINDS:  # registered kinds are valid identifiers
+        return kind
     if not isinstance(kind, str):
         raise WireError(f"field 'kind' must be a string, got {type(kind).__name__}")
     if not _KIND_RE.fullmatch(kind):
@@ -228,6 +230,27 @@ class Message:
     __hash__ = None  # type: ignore[assignment]  # payload and meta are mutable containers
 
 
+_PREFIXES: dict[tuple, bytes] = {}
+
+
+def _array_prefix(dtype: str, shape: tuple[int, ...], nbytes: int) -> bytes:
+    """The bytes before an array's data: the ext 32 marker (0xc9, big-endian u32 length, type
+    code: valid msgpack for any length) and the [dtype, shape] header. A run sends arrays of a
+    few shapes over and over: they are kept (at most 256)."""
+    key = (dtype, shape)
+    prefix = _PREFIXES.get(key)
+    if prefix is None:
+        header = msgpack.packb([dtype, list(shape)])
+        body_len = len(header) + nbytes
+        if body_len > 0xFFFFFFFF:
+            raise WireError(f"field 'payload' has {nbytes} bytes, too large for one message")
+        prefix = b"\xc9" + body_len.to_bytes(4, "big") + bytes([codec.ARRAY_EXT]) + header
+        if len(_PREFIXES) >= 256:
+            _PREFIXES.clear()
+        _PREFIXES[key] = prefix
+    return prefix
+
+
 def encode_message(msg: Message, *, max_size: int = MAX_MESSAGE_SIZE) -> bytes:
     """The envelope bytes of ``msg``; :class:`WireError` if they would exceed ``max_size``."""
     if not isinstance(msg, Message):
@@ -256,13 +279,7 @@ def encode_message(msg: Message, *, max_size: int = MAX_MESSAGE_SIZE) -> bytes:
         arr = np.ascontiguousarray(msg.payload)
         if arr.dtype.byteorder == ">":
             arr = arr.astype(arr.dtype.newbyteorder("<"))
-        array_header = msgpack.packb([arr.dtype.str, list(arr.shape)])
-        body_len = len(array_header) + arr.nbytes
-        if body_len > 0xFFFFFFFF:
-            raise WireError(f"field 'payload' has {arr.nbytes} bytes, too large for one message")
-        # ext 32: 0xc9, big-endian u32 length, type code (valid msgpack for any length)
-        parts.append(b"\xc9" + body_len.to_bytes(4, "big") + bytes([codec.ARRAY_EXT]))
-        parts.append(array_header)
+        parts.append(_array_prefix(arr.dtype.str, arr.shape, arr.nbytes))
         if arr.nbytes:
             parts.append(memoryview(arr).cast("B"))
     data = b"".join(parts)
@@ -292,13 +309,12 @@ def decode_message(
         raise WireError(
             f"field 'v' is {repr(version)[:40]}; this node speaks version {WIRE_VERSION}"
         )
-    keys = set(obj)
-    missing = _FIELDS - keys
-    if missing:
-        raise WireError(f"envelope lacks field(s) {', '.join(sorted(map(repr, missing)))}")
-    extra = keys - _FIELDS
-    if extra:
-        shown = ", ".join(sorted(repr(k)[:40] for k in extra))
+    if obj.keys() != _FIELDS:
+        keys = set(obj)
+        missing = _FIELDS - keys
+        if missing:
+            raise WireError(f"envelope lacks field(s) {', '.join(sorted(map(repr, missing)))}")
+        shown = ", ".join(sorted(repr(k)[:40] for k in keys - _FIELDS))
         raise WireError(f"envelope has unknown field(s) {shown}")
     meta = obj["meta"]
     if not isinstance(meta, dict):
@@ -310,6 +326,12 @@ def decode_message(
     payload = obj["payload"]
     if payload is not None and not isinstance(payload, np.ndarray):
         raise WireError(f"field 'payload' must be an array or nil, got {type(payload).__name__}")
-    return Message(
-        kind=obj["kind"], round=obj["round"], step=obj["step"], payload=obj["payload"], meta=meta
-    )
+    # Every field checked as Message() checks it, without its copy of an empty meta.
+    msg = object.__new__(Message)
+    setattr_ = object.__setattr__
+    setattr_(msg, "kind", _check_kind(obj["kind"]))
+    setattr_(msg, "round", _check_counter("round", obj["round"]))
+    setattr_(msg, "step", _check_counter("step", obj["step"]))
+    setattr_(msg, "payload", _check_payload(payload))
+    setattr_(msg, "meta", _check_meta(meta) if meta else {})
+    return msg

@@ -181,6 +181,7 @@ async def run_peer(
         run_id=roster.run_id_bytes,
         neighbours=neighbours,
         max_frame=cfg.network.max_frame_bytes,
+        cipher=cfg.network.cipher,
         faults=link,
         heartbeat_s=HEARTBEAT_DEADLINES * deadline,
         silence_s=SILENCE_DEADLINES * deadline,
