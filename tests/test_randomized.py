@@ -350,13 +350,22 @@ def test_killed_peer_realised_sequence_reproduces_survivors(tmp_path):
         # A partner of the victim waits for it up to a deadline at each of its exchanges (the
         # channel might come back), so a survivor can also miss a late survivor: by deadline.
         assert all(m["peer"] == victim or m["reason"] == "deadline" for m in res["missed"])
-    # The audit's numbers are those of the realised sequence.
+    # The audit's numbers are those of the realised sequence; where the victim's log (cut off
+    # by the kill, possibly mid-record) is involved, they may be larger, never smaller.
     for o in rep["observers"]:
         v = o["observer"]
         exact = acct.exact_factors(rp.steps, v, sorted(rp.received[v]))
         for x in o["losses"]:
-            if x["method"] == "exact":
-                assert x["factor"] == pytest.approx(exact[x["source"]], abs=1e-12)
+            if x["method"] != "exact":
+                continue
+            if victim in (v, x["source"]):
+                assert x["factor"] >= exact[x["source"]] - 1e-12, (v, x["source"])
+            else:
+                assert x["factor"] == pytest.approx(exact[x["source"]], abs=1e-12), (
+                    v,
+                    x["source"],
+                    [i for i in rep["integrity"] if i["node"] in (v, x["source"])],
+                )
 
 
 def _random_faulty_schedule(n: int, T: int, seed: int):
