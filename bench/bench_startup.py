@@ -52,6 +52,8 @@ def peers(n: int, spawn: str, work: Path) -> dict:
         if ev.get("event") == "listening":
             listening.append(time.perf_counter())
 
+    on_event.needs_steps = False  # as `cfree run` without faults: steps reported 10 times a second
+
     # The first spawn: when the launcher starts its first peer (after the plan, keys, roster).
     orig = local.peer_argv
 

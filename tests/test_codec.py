@@ -48,3 +48,13 @@ def test_malformed_inputs_raise_codec_error(data, fragment):
 def test_size_limit():
     with pytest.raises(codec.CodecError, match="exceeds the limit"):
         codec.unpack(codec.pack(np.zeros(100)), max_size=100)
+
+
+def test_a_failed_pack_leaves_the_reused_packer_clean():
+    """pack() reuses one packer per thread: an object it refuses must not leave half a record
+    in it for the next call."""
+    with pytest.raises(TypeError, match="cannot encode"):
+        codec.pack({"a": 1, "b": object()})
+    x = np.arange(4.0)
+    out = codec.unpack(codec.pack({"v": x, "n": 2}))
+    assert out["n"] == 2 and np.array_equal(out["v"], x)

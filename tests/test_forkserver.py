@@ -20,7 +20,7 @@ import pytest
 from coordinator_free.cluster.forkserver import ForkServer, ForkServerError
 
 # Preload little: these tests are about the mechanism, not the import time it saves.
-LIGHT = ("coordinator_free.cli",)
+LIGHT = ("coordinator_free.peer.command",)
 
 
 def _gone(pid: int) -> bool:
@@ -69,8 +69,8 @@ def test_children_run_cfree_with_their_own_streams_and_exit_codes(tmp_path):
     async def main():
         server = ForkServer.start(LIGHT)
         try:
-            ok = await server.spawn(["--version"])
-            bad = await server.spawn(["plan", "--set", "graph.nodes=banana"])
+            ok = await server.spawn(["peer", "--help"])
+            bad = await server.spawn(["peer", "--id", "banana"])
             outs = [await ok.stdout.read(), await bad.stdout.read()]
             errs = [await ok.stderr.read(), await bad.stderr.read()]
             codes = [await ok.wait(), await bad.wait()]
@@ -80,10 +80,10 @@ def test_children_run_cfree_with_their_own_streams_and_exit_codes(tmp_path):
 
     ok, bad, outs, errs, codes = asyncio.run(main())
     assert ok.pid != bad.pid and ok.pid != os.getpid()
-    assert outs[0].decode().startswith("cfree ")
+    assert outs[0].decode().startswith("usage: cfree peer")
     assert codes == [0, 2]
     assert ok.returncode == 0 and bad.returncode == 2
-    assert b"graph.nodes" in errs[1]  # the child's stderr is its own pipe
+    assert b"banana" in errs[1]  # the child's stderr is its own pipe
 
 
 def test_a_child_gets_the_launchers_descriptors_under_the_same_numbers(tmp_path):
@@ -182,7 +182,7 @@ def test_a_server_that_cannot_start_is_a_clear_error():
         server = ForkServer.start(("coordinator_free.no_such_module",))
         try:
             with pytest.raises(ForkServerError, match="no_such_module"):
-                await asyncio.wait_for(server.spawn(["--version"]), 60)
+                await asyncio.wait_for(server.spawn(["peer", "--help"]), 60)
         finally:
             await server.close()
 

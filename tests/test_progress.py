@@ -76,3 +76,35 @@ def test_progress_every_is_validated(bad, capsys):
               "--progress-every", bad])  # fmt: skip
     assert exc.value.code == 2
     assert "--progress-every" in capsys.readouterr().err
+
+
+def test_the_launcher_thins_step_events_unless_something_acts_on_steps(tmp_path):
+    """Without faults (or a callback that acts on steps) peers report a step at most every
+    STEP_EVENTS_S; a declared kill, or a test's own callback, gets every step."""
+    from coordinator_free import config
+    from coordinator_free.cli.run import fault_schedule
+    from coordinator_free.cluster import local
+
+    argv = local.peer_argv(tmp_path, 3, local.STEP_EVENTS_S)
+    assert argv[argv.index("--progress-every") + 1] == f"{local.STEP_EVENTS_S:g}"
+    assert "--progress-every" not in local.peer_argv(tmp_path, 3)
+    quiet = fault_schedule(config.load(None), announce=False)
+    assert quiet.needs_steps is False
+    killing = fault_schedule(config.load(None, faults=["kill:2@3"]), announce=False)
+    assert killing.needs_steps is True
+
+
+def test_thinned_step_events_keep_the_last_step_and_every_other_event():
+    r, w = os.pipe()
+    p = Progress(w, every_s=3600.0)
+    for s in range(1, 6):
+        p.emit(event="step", node=0, step=s, of=5)
+    p.emit(event="finished", node=0)
+    p.close()
+    with os.fdopen(r) as f:
+        events = [json.loads(line) for line in f]
+    assert [(e["event"], e.get("step")) for e in events] == [
+        ("step", 1),
+        ("step", 5),
+        ("finished", None),
+    ]

@@ -52,6 +52,12 @@ class FaultSchedule:
         self._on_fired = on_fired
         self.t0 = time.monotonic()
 
+    @property
+    def needs_steps(self) -> bool:
+        """Whether this schedule acts on step events (a kill/stop/cut/heal is declared): the
+        launcher then has every peer report every step."""
+        return bool(self.triggers.pending or self.triggers.fired)
+
     def __call__(self, node: int, ev: dict, pid: int) -> None:
         self.pids.setdefault(node, pid)
         for fault in self.triggers.fire(node, ev):

@@ -41,7 +41,7 @@ from coordinator_free.errors import CfreeError
 #: Modules a peer of any family imports: loaded once by the server, shared copy-on-write by
 #: every child.
 PRELOAD = (
-    "coordinator_free.cli",
+    "coordinator_free.peer.command",
     "coordinator_free.peer.runner",
     "coordinator_free.families.averaging.node",
     "coordinator_free.families.averaging.validate",
@@ -178,11 +178,9 @@ def _fork_child(req: dict, fds: list[int], sock: socket.socket, server_fds: tupl
         import random
 
         random.seed()
-        from coordinator_free.cli import main
-
         sys.argv = ["cfree", *argv]
         try:
-            code = main(argv)
+            code = _peer_command(argv)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:
@@ -200,6 +198,18 @@ def _fork_child(req: dict, fds: list[int], sock: socket.socket, server_fds: tupl
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code if isinstance(code, int) else 1)
+
+
+def _peer_command(argv: list[str]) -> int:
+    """``cfree peer ...``, the one command a fork server runs (argv without the program)."""
+    import argparse
+
+    from coordinator_free.peer import command as peer_cli
+
+    parser = argparse.ArgumentParser(prog="cfree")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    peer_cli.add_parser(sub)
+    return peer_cli.cmd_peer(parser.parse_args(argv))
 
 
 def _dup_above(fd: int, floor: int) -> int:
@@ -337,7 +347,7 @@ class ForkServer:
     async def spawn(
         self, argv: list[str], *, pass_fds: tuple[int, ...] = (), env: dict | None = None
     ) -> ForkedProcess:
-        """Fork a child running ``cfree <argv>`` with stdin from /dev/null, stdout and stderr to
+        """Fork a child running ``cfree <argv>`` (a ``cfree peer`` command) with stdin from /dev/null, stdout and stderr to
         pipes (read as ``.stdout`` and ``.stderr``), and ``pass_fds`` under the same numbers."""
         loop = asyncio.get_running_loop()
         if self._reader is None:

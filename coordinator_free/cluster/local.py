@@ -234,9 +234,17 @@ async def _watch_peer(
     outcome.returncode = await proc.wait()
 
 
-def peer_argv(out_dir: Path, node: int) -> list[str]:
+#: Without an ``on_event`` that acts on steps, a peer reports its step at most this often (the
+#: last step always; every other event as it comes): a progress line needs no more, and
+#: hundreds of peers each reporting thousands of steps a second would keep the launcher busy.
+STEP_EVENTS_S = 0.1
+
+
+def peer_argv(out_dir: Path, node: int, progress_every: float = 0.0) -> list[str]:
     """The ``cfree peer`` command line of ``node`` in the run directory ``out_dir`` (config,
-    roster and keys already there), reporting progress as JSON lines on its stdout."""
+    roster and keys already there), reporting progress as JSON lines on its stdout (step
+    events at most every ``progress_every`` seconds; 0: every step)."""
+    every = ["--progress-every", f"{progress_every:g}"] if progress_every else []
     return [
         sys.executable, "-m", "coordinator_free", "peer",
         "--config", str(rundir.config_path(out_dir)),
@@ -245,6 +253,7 @@ def peer_argv(out_dir: Path, node: int) -> list[str]:
         "--id", str(node),
         "--out", str(out_dir),
         "--progress-fd", "1",
+        *every,
     ]  # fmt: skip
 
 
@@ -287,16 +296,18 @@ async def supervise_peers(
             n, plan.steps, show_progress, token=family_of(cfg.protocol.name).walks(cfg)
         )
         outcomes = [PeerOutcome(node=i, returncode=None) for i in range(n)]
+        # Every step event only for an on_event that acts on steps (fault injection, tests).
+        every = 0.0 if getattr(on_event, "needs_steps", on_event is not None) else STEP_EVENTS_S
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         t0 = time.monotonic()
         watchers = []
         display.render()  # "up 0/n" until the peers report in
         for i in range(n):
-            argv, fds = command(i, peer_argv(out_dir, i))
+            argv, fds = command(i, peer_argv(out_dir, i, every))
             if forkserver is not None:
-                if argv[:3] != peer_argv(out_dir, i)[:3]:
-                    raise LaunchError(f"the fork server runs `cfree` commands, not {argv[0]}")
+                if argv[:4] != peer_argv(out_dir, i)[:4]:
+                    raise LaunchError(f"the fork server runs `cfree peer`, not {argv[0]}")
                 proc = await forkserver.spawn(argv[3:], pass_fds=fds, env=env)
             else:
                 proc = await asyncio.create_subprocess_exec(
@@ -368,7 +379,8 @@ async def launch_peers(
     ``spawn``: "fork" forks every peer from a fork server that imported the peer's modules once
     (:mod:`~coordinator_free.cluster.forkserver`); "exec" starts each as a fresh interpreter.
     ``on_event(node, event, pid)`` is called for every progress event a peer reports (used by
-    fault-injection tests to act at a precise point of a run).
+    fault-injection tests to act at a precise point of a run); one with ``needs_steps = False``
+    lets the peers thin their step events (:data:`STEP_EVENTS_S`).
     """
     if spawn not in SPAWN_MODES:
         raise LaunchError(f"spawn mode {spawn!r}: expected one of {', '.join(SPAWN_MODES)}")

@@ -256,17 +256,19 @@ class StepEngine:
 
     # ------------------------------------------------------------------ exchange
 
-    def _send_value(self, peer: int, step: int, value: np.ndarray) -> None:
-        on_sent = Log("send", {"step": step, "peer": peer, "digest": digest(value)})
+    def _send_value(self, peer: int, step: int, value: np.ndarray, sha: str | None = None) -> None:
+        sha = digest(value) if sha is None else sha
+        on_sent = Log("send", {"step": step, "peer": peer, "digest": sha})
         on_sent.fields["nbytes"] = value.nbytes
         self.out.send(peer, Message(kind="value", round=0, step=step, payload=value), on_sent)
 
     def _begin_exchange(self, req: Exchange, now: float) -> None:
         t = req.t
         partners = self.partners_at(t)
+        sha = digest(req.value)  # one value to every partner: one digest
         for w in partners:
             if w not in self.down and w not in self.finished_peers:
-                self._send_value(w, t, req.value)
+                self._send_value(w, t, req.value, sha)
         self._got = {w: self.buffered.pop((t, w)) for w in partners if (t, w) in self.buffered}
         self._partners = partners
         self._phase, self._until = "exchange", now + self.deadline

@@ -108,6 +108,12 @@ class LinkFaults:
         )
 
     @property
+    def declared_any(self) -> bool:
+        """Whether any per-message fault (drop, duplicate, corrupt, delay) is declared; without
+        one, only :meth:`block` (a cut) changes what the transport does."""
+        return bool(self.drop or self.duplicate or self.corrupt or self.delay_s > 0)
+
+    @property
     def declared(self) -> dict:
         """The declared fault parameters (for a result file, next to :attr:`counts`)."""
         return {

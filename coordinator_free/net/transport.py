@@ -556,6 +556,17 @@ class PeerNet:
         With ``faults``, the message may be dropped, duplicated, corrupted or delayed, or lost
         to a blocked link; the call returns normally in every case (it does not wait for a
         delay)."""
+        wait = self.send_now(peer, msg, timeout=timeout)
+        if wait is not None:
+            await wait
+
+    def send_now(
+        self, peer: int, msg: Message, *, timeout: float | None = None
+    ) -> Coroutine[Any, Any, None] | None:
+        """What :meth:`send` does without waiting: encrypt and queue ``msg`` now, and return
+        None when the socket takes it without waiting (the common case), or the coroutine that
+        waits (at most ``timeout``) until it has, which the caller must await. Raises
+        :class:`PeerGone` at once when there is no working channel."""
         if peer not in self._neighbours:
             raise ValueError(f"node {peer} is not a neighbour of node {self._node_id}")
         conn = self._selected.get(peer)
@@ -566,11 +577,14 @@ class PeerNet:
             raise PeerGone(peer, "connection lost")
         data = encode_message(msg, max_size=self._max_frame - TAG_SIZE)
         faults = self._faults
-        if faults is None:
-            copies, corrupt = 1, False
+        if faults is None or not faults.declared_any:
+            if faults is not None and faults.is_blocked(peer):  # a pulled cable: lost, silently
+                faults.count_blocked()
+                return None
+            copies, corrupt, faults = 1, False, None
         elif faults.is_blocked(peer):  # the cable is pulled: the message is lost, silently
             faults.count_blocked()
-            return
+            return None
         else:
             plan = faults.plan_send(peer)
             copies, corrupt = plan.copies, plan.corrupt
@@ -580,19 +594,19 @@ class PeerNet:
             except ChannelError as exc:  # counter exhausted: this connection cannot send more
                 self._drop(conn, str(exc), level=logging.WARNING, graceful=False)
                 raise PeerGone(peer, str(exc)) from None
-            if faults is None:
+            if faults is None and not conn.delayed:
                 self._write(conn, conn.channel.take_output())  # header and body, not joined
             else:
                 frame = conn.channel.data_to_send()
                 if corrupt and copy == 0:
                     frame = self._corrupt(conn, peer, frame)
-                self._write_frame(conn, frame, faults.delay_s)
+                self._write_frame(conn, frame, faults.delay_s if faults is not None else 0.0)
             self._stats[peer].frames_sent += 1
-        if copies == 0:
-            return
-        if not conn.writer.transport.get_write_buffer_size():
-            return  # all handed to the kernel: nothing to wait for (the common case)
-        limit = self._send_timeout if timeout is None else timeout
+        if copies == 0 or not conn.writer.transport.get_write_buffer_size():
+            return None  # all handed to the kernel: nothing to wait for (the common case)
+        return self._drain(conn, peer, self._send_timeout if timeout is None else timeout)
+
+    async def _drain(self, conn: _Conn, peer: int, limit: float) -> None:
         try:
             async with asyncio.timeout(limit):
                 await conn.writer.drain()

@@ -1,4 +1,5 @@
-"""`cfree peer`: run one node (what the launchers start per node)."""
+"""`cfree peer`: run one node (what the launchers start per node, or fork per node from the
+fork server): its arguments and its entry point."""
 
 from __future__ import annotations
 

@@ -343,10 +343,23 @@ async def _perform(actions, net, vlog, progress, deadline, failed) -> Finish | N
                 peers.add(actions[i].peer)
                 batch.append(actions[i])
                 i += 1
-            outcomes = await asyncio.gather(
-                *(net.send(s.peer, s.message, timeout=deadline) for s in batch),
-                return_exceptions=True,
-            )
+            # Each send is queued at once; only those the socket does not take at once are
+            # waited for, together.
+            outcomes: list = []
+            waits = []
+            for s in batch:
+                try:
+                    wait = net.send_now(s.peer, s.message, timeout=deadline)
+                except (ConnectionError, OSError) as exc:  # PeerGone
+                    outcomes.append(exc)
+                    continue
+                outcomes.append(None)
+                if wait is not None:
+                    waits.append((len(outcomes) - 1, wait))
+            if waits:
+                done = await asyncio.gather(*(w for _, w in waits), return_exceptions=True)
+                for (k, _), res in zip(waits, done, strict=True):
+                    outcomes[k] = res
             for s, res in zip(batch, outcomes, strict=True):
                 if isinstance(res, (ConnectionError, OSError)):  # PeerGone, PeerUnreachable
                     failed.append(PeerDown(s.peer, f"send failed: {type(res).__name__}: {res}"))
