@@ -57,10 +57,10 @@ def peers(n: int, spawn: str, work: Path) -> dict:
     # The first spawn: when the launcher starts its first peer (after the plan, keys, roster).
     orig = local.peer_argv
 
-    def first_argv(out_dir, node):
+    def first_argv(out_dir, node, *rest):
         if not first:
             first.append(time.perf_counter())
-        return orig(out_dir, node)
+        return orig(out_dir, node, *rest)
 
     local.peer_argv = first_argv
     try:

@@ -55,8 +55,9 @@ _UINT = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
 
 def _canonical_header(b: bytes) -> tuple[list, int] | None:
     """``([dtype, shape], offset)`` of a header as :func:`pack` writes it (a fixarray of a
-    fixstr and a fixarray of unsigned ints), read without building an unpacker; None for any
-    other layout, which the general msgpack path then parses (and judges)."""
+    fixstr and a fixarray of unsigned ints) at the start of ``b``, read in place without
+    building an unpacker; None for any other layout, which the general msgpack path then
+    parses (and judges)."""
     try:
         if b[0] != 0x92 or not 0xA0 <= b[1] <= 0xBF:
             return None
@@ -86,41 +87,40 @@ def _canonical_header(b: bytes) -> tuple[list, int] | None:
 def _ext_hook(code: int, data: bytes):
     if code != ARRAY_EXT:
         raise CodecError(f"unknown extension type {code}")
-    # The [dtype, shape] header is a few dozen bytes: parse only a bounded prefix instead of
-    # copying the whole array body into the unpacker.
-    prefix = bytes(memoryview(data)[:_HEADER_MAX])
-    fast = _canonical_header(prefix)
+    # The [dtype, shape] header is a few dozen bytes: read it where it is (the canonical
+    # layout), or parse only a bounded prefix instead of feeding the whole body to an unpacker.
+    fast = _canonical_header(data)
     if fast is not None:
-        header, offset = fast
+        (dtype, shape), offset = fast
     else:
         unpacker = msgpack.Unpacker(raw=False, max_buffer_size=_HEADER_MAX + 1)
-        unpacker.feed(prefix)
+        unpacker.feed(bytes(memoryview(data)[:_HEADER_MAX]))
         try:
             header = unpacker.unpack()
         except Exception as exc:  # msgpack raises several types here
             raise CodecError(f"bad array header: {exc}") from None
         offset = unpacker.tell()
-    if (
-        not isinstance(header, list)
-        or len(header) != 2
-        or not isinstance(header[0], str)
-        or not isinstance(header[1], list)
-    ):
-        raise CodecError("bad array header: expected [dtype, shape]")
-    dtype, shape = header
+        if (
+            not isinstance(header, list)
+            or len(header) != 2
+            or not isinstance(header[0], str)
+            or not isinstance(header[1], list)
+        ):
+            raise CodecError("bad array header: expected [dtype, shape]")
+        dtype, shape = header
     dt = _DTYPES.get(dtype) if isinstance(dtype, str) else None
     if dt is None:
         raise CodecError(f"array dtype {dtype!r} is not allowed")
     if len(shape) > MAX_ARRAY_DIMS or not all(type(s) is int and s >= 0 for s in shape):
         raise CodecError(f"bad array shape {shape!r}")
     count = math.prod(shape)
-    body = memoryview(data)[offset:]
-    if len(body) != count * dt.itemsize:
+    size = len(data) - offset
+    if size != count * dt.itemsize:
         raise CodecError(
-            f"array body has {len(body)} bytes, dtype {dtype} shape {tuple(shape)} needs "
+            f"array body has {size} bytes, dtype {dtype} shape {tuple(shape)} needs "
             f"{count * dt.itemsize}"
         )
-    arr = np.frombuffer(body, dtype=dt)
+    arr = np.frombuffer(data, dtype=dt, offset=offset) if size else np.empty(0, dtype=dt)
     return arr if len(shape) == 1 else arr.reshape(shape)
 
 

@@ -19,6 +19,7 @@ from coordinator_free.cli import audit as audit_cmd
 from coordinator_free.cli import compose as compose_cmd
 from coordinator_free.cli import keygen as keygen_cmd
 from coordinator_free.cli import lan as lan_cmd
+from coordinator_free.cli import logs as logs_cmd
 from coordinator_free.cli import peer as peer_cmd
 from coordinator_free.cli import plan as plan_cmd
 from coordinator_free.cli import run as run_cmd
@@ -40,6 +41,8 @@ examples:
   cfree report runs/<run-dir>                 # PNG plots of a run (audits it first if needed)
   cfree simulate examples/muffliato-ring.toml
   cfree attack runs/<run-dir> --attackers 0,5  # what nodes 0 and 5 together reconstruct
+  cfree ls                                    # the runs under runs/: status, worst eps
+  cfree log dump runs/<run-dir>/logs/node-0.vlog --jsonl   # a view log, a record per line
   cfree run examples/ring-sum.toml            # a token around a ring of 64 peers
   cfree plan examples/walk-sgd.toml --method paper --target-eps 10 --budget mean
   cfree plan examples/decor-ring.toml --target-eps 10   # (sigma, sigma_cor) for DECOR
@@ -69,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     for module in (run_cmd, peer_cmd, keygen_cmd, compose_cmd, plan_cmd, audit_cmd, simulate_cmd):
         module.add_parser(sub)
     attack_cmd.add_parser(sub)
+    logs_cmd.add_parser(sub)
 
     from coordinator_free import report
     from coordinator_free.cli import lab as lab_cli
@@ -98,6 +102,8 @@ COMMANDS = {
     "keypair": lan_cmd.cmd_lan,
     "roster": lan_cmd.cmd_lan,
     "lab": cmd_lab,
+    "log": lambda args: args.func(args),  # logs.cmd_log_dump
+    "ls": logs_cmd.cmd_ls,
 }
 
 

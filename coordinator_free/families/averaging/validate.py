@@ -45,13 +45,22 @@ def validate_values(cfg, s: str) -> None:
 
 def value_needs(cfg, s: str) -> list:
     """What a gossip averaging plan allocates: the graph, its dense gossip matrix (with the
-    eigenvalue workspace of its spectral gap and the exact accountant's Krylov basis), the
-    simulator's values of every node and, for randomized gossip, the exchange schedule."""
+    eigenvalue workspace of its spectral gap and the exact accountant's Krylov basis; a
+    Muffliato plan past ``graphs.DENSE_MAX_N`` nodes of a hypercube or ring keeps it sparse),
+    the simulator's values
+    of every node and, for randomized gossip, the exchange schedule."""
+    from coordinator_free.graphs import DENSE_MAX_N, TRANSLATION_KINDS
+
     n, edges = graph_size(cfg, s)
     dim = cfg.data.dim
-    needs = graph_needs(
-        cfg, n, 4, "gossip matrix, eigenvalue workspace, accountant's Krylov basis", edges
-    )
+    if n > DENSE_MAX_N and not cfg.family.clocks and cfg.graph.kind in TRANSLATION_KINDS:
+        # Muffliato past DENSE_MAX_N on a hypercube or ring: a sparse gossip matrix
+        # (docs/benchmarks.md); what stays n x n is a plan's or an audit's all-pairs factors.
+        needs = graph_needs(cfg, n, 1, "the pairwise loss factors; W itself is sparse", edges)
+    else:
+        needs = graph_needs(
+            cfg, n, 4, "gossip matrix, eigenvalue workspace, accountant's Krylov basis", edges
+        )
     needs.append(
         Need(
             32.0 * n * dim,
