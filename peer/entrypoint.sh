@@ -4,6 +4,7 @@
 #   keygen --nodes N [--port P]  one-shot: a key per node into /cfree/keys/<i>, the roster and
 #                                the config (/cfree/config.toml) into the run dir /cfree/run
 #   peer                         node $CFREE_NODE_ID: its key from /cfree/key ($CFREE_KEY_DIR),
+#                                config and roster from /cfree/run ($CFREE_CONFIG, $CFREE_ROSTER),
 #                                listening on 0.0.0.0:$CFREE_PORT (default 7000), logs into
 #                                /cfree/run; it does not start when keygen refused (REFUSED);
 #                                a step line at most every $CFREE_PROGRESS_EVERY s (default 5)
@@ -27,8 +28,8 @@ case "$role" in
       exit 0
     fi
     exec cfree peer \
-      --config /cfree/run/config.toml \
-      --roster /cfree/run/roster.json \
+      --config "${CFREE_CONFIG:-/cfree/run/config.toml}" \
+      --roster "${CFREE_ROSTER:-/cfree/run/roster.json}" \
       --key "$keydir/node-$id.key" \
       --id "$id" \
       --out /cfree/run \

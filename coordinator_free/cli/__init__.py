@@ -17,6 +17,7 @@ from coordinator_free import __version__
 from coordinator_free.cli import attack as attack_cmd
 from coordinator_free.cli import audit as audit_cmd
 from coordinator_free.cli import compose as compose_cmd
+from coordinator_free.cli import k8s as k8s_cmd
 from coordinator_free.cli import keygen as keygen_cmd
 from coordinator_free.cli import lan as lan_cmd
 from coordinator_free.cli import logs as logs_cmd
@@ -48,6 +49,7 @@ examples:
   cfree plan examples/decor-ring.toml --target-eps 10   # (sigma, sigma_cor) for DECOR
   cfree keygen --hosts 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002 --out cluster/
   cfree compose examples/ring-sum.toml --dir cluster/ && docker-compose -f cluster/docker-compose.yml up --build
+  cfree k8s examples/muffliato-ring.toml --dir k8s/ring && kubectl apply -k k8s/ring
   cfree keypair --out key/ --address 192.168.1.11     # on each LAN host: prints its public line
   cfree roster --hosts hosts.txt --out lan/             # roster + start.sh + systemd unit per host
   cfree lab run                                         # 8 peers, each in its own network namespace (root)
@@ -73,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_parser(sub)
     attack_cmd.add_parser(sub)
     logs_cmd.add_parser(sub)
+    k8s_cmd.add_parser(sub)
 
     from coordinator_free import report
     from coordinator_free.cli import lab as lab_cli
@@ -104,6 +107,7 @@ COMMANDS = {
     "lab": cmd_lab,
     "log": lambda args: args.func(args),  # logs.cmd_log_dump
     "ls": logs_cmd.cmd_ls,
+    "k8s": k8s_cmd.cmd_k8s,
 }
 
 
