@@ -53,6 +53,10 @@ PRELOAD = (
     "coordinator_free.families.walk.node",
     "coordinator_free.families.walk.validate",
     "numpy.random",
+    "numpy.fft",
+    "scipy.sparse",
+    "cryptography.hazmat.backends.openssl.backend",
+    "threadpoolctl",
     "uvloop",
 )
 
@@ -73,6 +77,10 @@ def _preload(modules) -> None:
     from coordinator_free import families
 
     families.families()  # the registry, and every family package with it
+    if "threadpoolctl" in modules:
+        import threadpoolctl
+
+        threadpoolctl.threadpool_info()  # what it imports to find the BLAS libraries
 
 
 def _send(sock: socket.socket, msg: dict) -> None:
