@@ -145,7 +145,9 @@ def test_a_killed_child_reports_the_signal_and_the_server_ends_the_rest(waiting_
 
 
 def test_children_do_not_outlive_a_launcher_that_dies(waiting_peer):
-    """A launcher SIGKILLed mid-run: the server sees its channel close, kills its peers, ends."""
+    """A launcher SIGKILLed mid-run: the server sees its channel close, gives its peers the
+    grace period to end by themselves (this one waits to connect: it does not), kills them and
+    ends."""
     script = textwrap.dedent(
         f"""
         import asyncio, json, socket
@@ -156,7 +158,7 @@ def test_children_do_not_outlive_a_launcher_that_dies(waiting_peer):
             fd = sock.fileno()
             argv = {waiting_peer(0, 12345)!r}
             argv[argv.index("12345")] = str(fd)
-            server = ForkServer.start()
+            server = ForkServer.start(grace_s=1)
             child = await server.spawn(argv, pass_fds=(fd,))
             assert json.loads(await child.stdout.readline())["event"] == "listening"
             print(server.pid, child.pid, flush=True)

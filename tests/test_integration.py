@@ -203,14 +203,24 @@ def test_concurrent_runs_do_not_clash(tmp_path):
 
 
 def _processes_mentioning(text: str, *, peers_only: bool = False) -> list[int]:
+    """Processes whose command line mentions ``text``, or that hold a view log under it open
+    (a peer forked from the fork server runs under the server's command line)."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 args = (entry / "cmdline").read_bytes().split(b"\0")
+                links = []
+                for fd in (entry / "fd").iterdir():
+                    try:
+                        links.append(os.readlink(fd))
+                    except OSError:
+                        continue
             except OSError:
                 continue
-            if any(text.encode() in a for a in args) and (not peers_only or b"peer" in args):
+            holds_log = any(x.startswith(text) and x.endswith(".vlog") for x in links)
+            named = any(text.encode() in a for a in args)
+            if holds_log or (named and (not peers_only or b"peer" in args)):
                 found.append(int(entry.name))
     return found
 

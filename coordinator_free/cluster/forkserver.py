@@ -17,8 +17,10 @@ object per packet; file descriptors travel with ``SCM_RIGHTS``):
     server -> launcher   {"spawned": id, "pid": pid}  or  {"failed": id, "error": "..."}
                          {"exited": pid, "code": c}   (c < 0: killed by signal -c)
 
-When the launcher's end closes (it finished, or died), the server kills the children it still
-has and exits: no peer outlives its launcher by more than that.
+When the launcher's end closes (it finished, or died), the server gives the children it still
+has ``grace_s`` seconds (60) to end by themselves (a peer whose launcher is gone finds its
+progress pipe broken, logs ``aborted`` and stops at its next step), then kills the rest and
+exits: no peer outlives its launcher by more than that.
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ PRELOAD = (
 )
 
 _MAX_FDS = 16
+#: The launcher's last message when it closes the server itself (rather than dying): the
+#: children still running are killed at once.
+SHUTDOWN = b"shutdown"
 _PACKET = 1 << 20
 
 
@@ -87,9 +92,10 @@ def _send(sock: socket.socket, msg: dict) -> None:
     sock.sendall(json.dumps(msg).encode())
 
 
-def serve(sock: socket.socket, preload=PRELOAD) -> None:
-    """The server's loop: fork a child per request, report every child's exit, and end (killing
-    the children still running) when the launcher's end of ``sock`` closes."""
+def serve(sock: socket.socket, preload=PRELOAD, grace_s: float = 60.0) -> None:
+    """The server's loop: fork a child per request, report every child's exit, and end when the
+    launcher's end of ``sock`` closes: after the children have ended, or ``grace_s`` seconds
+    later, killing those still running (at once when the launcher said :data:`SHUTDOWN`)."""
     _preload(preload)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
@@ -121,6 +127,9 @@ def serve(sock: socket.socket, preload=PRELOAD) -> None:
                 msg, fds, _, _ = socket.recv_fds(sock, _PACKET, _MAX_FDS)
                 if not msg:
                     return  # the launcher is gone
+                if msg == SHUTDOWN:  # the launcher closes on purpose: no grace for the rest
+                    grace_s = 0.0
+                    return
                 try:
                     req = json.loads(msg)
                     pid = _fork_child(req, fds, sock, (wake_r, wake_w))
@@ -136,12 +145,29 @@ def serve(sock: socket.socket, preload=PRELOAD) -> None:
     except (BrokenPipeError, ConnectionResetError):
         return
     finally:
-        for pid in children:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        for pid in list(children):
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
+        _end_children(children, grace_s)
+
+
+def _end_children(children: set[int], grace_s: float) -> None:
+    """Wait up to ``grace_s`` for the children to exit, then SIGKILL the rest; reap them all."""
+    import time
+
+    deadline = time.monotonic() + grace_s
+    while children and time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid:
+            children.discard(pid)
+        else:
+            time.sleep(0.05)  # no event to wait on here: the launcher that sent them is gone
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in list(children):
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
 
 
 def _req_id(msg: bytes):
@@ -227,10 +253,11 @@ def _dup_above(fd: int, floor: int) -> int:
 
 
 def main(argv: list[str]) -> None:
-    """``python -m coordinator_free.cluster.forkserver FD [MODULE,...]``: serve on the inherited
-    socket FD, preloading the modules (default :data:`PRELOAD`)."""
+    """``python -m coordinator_free.cluster.forkserver FD GRACE_S [MODULE,...]``: serve on the
+    inherited socket FD, preloading the modules (default :data:`PRELOAD`)."""
     sock = socket.socket(fileno=int(argv[0]))
-    serve(sock, tuple(argv[1].split(",")) if len(argv) > 1 else PRELOAD)
+    preload = tuple(argv[2].split(",")) if len(argv) > 2 else PRELOAD
+    serve(sock, preload, float(argv[1]))
 
 
 # ---------------------------------------------------------------- launcher side
@@ -275,11 +302,13 @@ class ForkServer:
         self._closed = False
 
     @classmethod
-    def start(cls, preload=PRELOAD) -> ForkServer:
+    def start(cls, preload=PRELOAD, grace_s: float = 60.0) -> ForkServer:
         """Start the server process; it imports ``preload`` while the caller goes on (the first
-        spawn request waits in the socket until the imports are done)."""
+        spawn request waits in the socket until the imports are done). ``grace_s``: how long
+        children may outlive the launcher's end of the channel (see the module's doc)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        argv = [sys.executable, "-m", "coordinator_free.cluster.forkserver", str(theirs.fileno())]
+        argv = [sys.executable, "-m", "coordinator_free.cluster.forkserver", str(theirs.fileno()),
+                f"{grace_s:g}"]  # fmt: skip
         if preload != PRELOAD:
             argv.append(",".join(preload))
         # The server's own diagnostics (an import that fails) go to a file the error quotes.
@@ -417,10 +446,12 @@ class ForkServer:
                     loop.remove_writer(self._sock.fileno())
 
     async def close(self) -> None:
-        """End the server (it kills any child still running) and wait for it."""
+        """End the server (it kills any child still running at once) and wait for it."""
         if self._closed:
             return
         self._closed = True
+        with contextlib.suppress(OSError):
+            self._sock.send(SHUTDOWN)
         self._sock.close()
         if self._reader is not None:
             self._reader.cancel()
