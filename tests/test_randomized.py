@@ -339,6 +339,7 @@ def test_killed_peer_realised_sequence_reproduces_survivors(tmp_path):
     # Replaying the realised sequence reproduces every survivor's value bit for bit, and each
     # survivor's result lists exactly the exchanges it did not complete.
     ref = sim.simulate(cfg, streams=seeds.streams_of_run(out, N), used=used)
+    survivors_missed = 0
     for v in range(N):
         if v == victim:
             continue
@@ -350,15 +351,19 @@ def test_killed_peer_realised_sequence_reproduces_survivors(tmp_path):
         # A partner of the victim waits for it up to a deadline at each of its exchanges (the
         # channel might come back), so a survivor can also miss a late survivor: by deadline.
         assert all(m["peer"] == victim or m["reason"] == "deadline" for m in res["missed"])
-    # The audit's numbers are those of the realised sequence; where the victim's log (cut off
-    # by the kill, possibly mid-record) is involved, they may be larger, never smaller.
+        survivors_missed += sum(m["peer"] != victim for m in res["missed"])
+    # The audit's numbers are never below those of the realised sequence; they are those
+    # numbers where only the victim's exchanges went wrong. (Where the victim's log, cut off by
+    # the kill, is involved, or a survivor's value came late on a loaded machine, the audit's
+    # pairwise model of the exchanges may count more than this matrix replay, never less.)
+    exact_pairs = rp.late == 0 and survivors_missed == 0
     for o in rep["observers"]:
         v = o["observer"]
         exact = acct.exact_factors(rp.steps, v, sorted(rp.received[v]))
         for x in o["losses"]:
             if x["method"] != "exact":
                 continue
-            if victim in (v, x["source"]):
+            if victim in (v, x["source"]) or not exact_pairs:
                 assert x["factor"] >= exact[x["source"]] - 1e-12, (v, x["source"])
             else:
                 assert x["factor"] == pytest.approx(exact[x["source"]], abs=1e-12), (
