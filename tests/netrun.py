@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -55,3 +56,17 @@ def cfree(*args, cwd, timeout: float = 300) -> subprocess.CompletedProcess:
         capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env,
         stdin=subprocess.DEVNULL,
     )  # fmt: skip
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    """Whether process ``pid`` (any process, not only a child) exits within ``timeout`` seconds:
+    a pidfd becomes readable when it ends (an event, not a polling loop)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        return bool(ready)
+    finally:
+        os.close(fd)

@@ -13,9 +13,9 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
+from netrun import wait_gone
 
 from coordinator_free.cluster.forkserver import ForkServer, ForkServerError
 
@@ -54,15 +54,6 @@ def waiting_peer(tmp_path):
                 "--progress-fd", "1"]  # fmt: skip
 
     return argv
-
-
-async def _wait_gone(pid: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if _gone(pid):
-            return True
-        await asyncio.sleep(0.05)
-    return _gone(pid)
 
 
 def test_children_run_cfree_with_their_own_streams_and_exit_codes(tmp_path):
@@ -137,7 +128,7 @@ def test_a_killed_child_reports_the_signal_and_the_server_ends_the_rest(waiting_
         code = await asyncio.wait_for(a.wait(), 30)
         assert b.returncode is None and not _gone(b.pid)
         await server.close()
-        return code, b.pid, await _wait_gone(b.pid)
+        return code, b.pid, wait_gone(b.pid, 10)
 
     code, other, gone = asyncio.run(main())
     assert code == -signal.SIGKILL
@@ -173,8 +164,8 @@ def test_children_do_not_outlive_a_launcher_that_dies(waiting_peer):
         assert not _gone(server_pid) and not _gone(child_pid)
         proc.kill()
         proc.wait(10)
-        assert asyncio.run(_wait_gone(child_pid)), "a peer outlived its launcher"
-        assert asyncio.run(_wait_gone(server_pid)), "the fork server outlived its launcher"
+        assert wait_gone(child_pid, 10), "a peer outlived its launcher"
+        assert wait_gone(server_pid, 10), "the fork server outlived its launcher"
     finally:
         proc.kill()
 

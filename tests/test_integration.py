@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from netrun import wait_gone
 
 from coordinator_free import config, seeds, sim
 from coordinator_free.accounting import audit
@@ -282,26 +283,13 @@ def test_peers_stop_when_their_launcher_is_killed(tmp_path):
         proc.kill()
         proc.wait(timeout=30)
         for pid in peers:
-            _wait_gone(pid, timeout=60)
+            assert wait_gone(pid, timeout=60), f"process {pid} still running after 60s"
     finally:
         for pid in _processes_mentioning(str(out)):
             os.kill(pid, signal.SIGKILL)
     for v in range(8):
         vl = read_viewlog(out / "logs" / f"node-{v}.vlog")
         assert vl.records[-1]["k"] == "aborted"
-
-
-def _wait_gone(pid: int, timeout: float) -> None:
-    """Wait for an unrelated process to exit (pidfd: an event, not a polling loop)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        ready, _, _ = select.select([fd], [], [], timeout)
-        assert ready, f"process {pid} still running after {timeout}s"
-    finally:
-        os.close(fd)
 
 
 def test_a_nodes_noise_cannot_be_recomputed_from_the_config(ring_run):

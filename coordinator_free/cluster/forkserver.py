@@ -145,23 +145,29 @@ def serve(sock: socket.socket, preload=PRELOAD, grace_s: float = 60.0) -> None:
     except (BrokenPipeError, ConnectionResetError):
         return
     finally:
-        _end_children(children, grace_s)
+        _end_children(children, grace_s, wake_r)
 
 
-def _end_children(children: set[int], grace_s: float) -> None:
-    """Wait up to ``grace_s`` for the children to exit, then SIGKILL the rest; reap them all."""
+def _end_children(children: set[int], grace_s: float, wake_r: int) -> None:
+    """Wait up to ``grace_s`` for the children to exit (woken by SIGCHLD on ``wake_r``), then
+    SIGKILL the rest; reap them all."""
     import time
 
     deadline = time.monotonic() + grace_s
-    while children and time.monotonic() < deadline:
+    while children:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid:
             children.discard(pid)
-        else:
-            time.sleep(0.05)  # no event to wait on here: the launcher that sent them is gone
+            continue
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([wake_r], [], [], left)[0]:
+            break
+        with contextlib.suppress(BlockingIOError):
+            while os.read(wake_r, 4096):
+                pass
     for pid in children:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

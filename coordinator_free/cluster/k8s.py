@@ -66,6 +66,18 @@ def _pod_common(image: str, indent: int) -> list[str]:
     return [f"{pad}image: {_q(image)}", f"{pad}imagePullPolicy: IfNotPresent"]
 
 
+def _shared_volumes() -> list[str]:
+    """The volumes every pod has: the public ConfigMap and the run directory."""
+    return [
+        "        - name: public",
+        "          configMap:",
+        f"            name: {PUBLIC}",
+        "        - name: run",
+        "          persistentVolumeClaim:",
+        f"            claimName: {RUN_CLAIM}",
+    ]
+
+
 def _copy_public() -> list[str]:
     """The init container every pod runs: config and roster into the run directory (the
     auditor reads them there), never over a file already in place."""
@@ -125,12 +137,7 @@ def render_peer(i: int, image: str, port: int, deadline_s: int) -> str:
         "          secret:",
         f"            secretName: {key_secret(i)}",
         "            defaultMode: 0400",
-        "        - name: public",
-        "          configMap:",
-        f"            name: {PUBLIC}",
-        "        - name: run",
-        "          persistentVolumeClaim:",
-        f"            claimName: {RUN_CLAIM}",
+        *_shared_volumes(),
     ]
     return "\n".join(lines) + "\n"
 
@@ -168,12 +175,7 @@ def render_auditor(n: int, image: str, wait_s: int) -> str:
         "          volumeMounts:",
         f"            - {{name: run, mountPath: {RUN_MOUNT}}}",
         "      volumes:",
-        "        - name: public",
-        "          configMap:",
-        f"            name: {PUBLIC}",
-        "        - name: run",
-        "          persistentVolumeClaim:",
-        f"            claimName: {RUN_CLAIM}",
+        *_shared_volumes(),
     ]
     return "\n".join(lines) + "\n"
 

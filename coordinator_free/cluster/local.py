@@ -304,9 +304,10 @@ async def supervise_peers(
         watchers = []
         display.render()  # "up 0/n" until the peers report in
         for i in range(n):
-            argv, fds = command(i, peer_argv(out_dir, i, every))
+            base = peer_argv(out_dir, i, every)
+            argv, fds = command(i, base)
             if forkserver is not None:
-                if argv[:4] != peer_argv(out_dir, i)[:4]:
+                if argv[:4] != base[:4]:
                     raise LaunchError(f"the fork server runs `cfree peer`, not {argv[0]}")
                 proc = await forkserver.spawn(argv[3:], pass_fds=fds, env=env)
             else:

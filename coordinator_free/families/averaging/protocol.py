@@ -141,8 +141,9 @@ def make_plan(cfg: Config, graph: nx.Graph | None = None) -> MuffliatoPlan:
     # Past DENSE_MAX_N nodes, on a graph with translation symmetry (hypercube, ring), the
     # matrix stays sparse: the spectral gap, the simulator, the audit and the planner's
     # symmetric and few-observer paths take it as it is.
-    W = graphs.gossip_matrix(g, cfg.protocol.weights, sparse=True)
-    if g.number_of_nodes() <= graphs.DENSE_MAX_N or graphs.translation_group(W) is None:
+    sparse = g.number_of_nodes() > graphs.DENSE_MAX_N
+    W = graphs.gossip_matrix(g, cfg.protocol.weights, sparse=sparse)
+    if sparse and graphs.translation_group(W) is None:
         W = W.toarray()
     lam = graphs.spectral_gap(W)
     pr = cfg.protocol
