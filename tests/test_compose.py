@@ -25,12 +25,11 @@ from coordinator_free import config
 from coordinator_free.cluster import compose
 from coordinator_free.families import make_plan
 from coordinator_free.viewlog import read_viewlog
+from tests import dockerimg
 from tests.netrun import assert_audit_equals_plan
 
-ROOT = Path(__file__).resolve().parents[1]
-TEST_IMAGE = "coordinator-free-peer:test"
-BASE_IMAGE = "cfree-base:bookworm"
-IN_CI = os.environ.get("CI") == "true"
+ROOT = dockerimg.ROOT
+BASE_IMAGE = dockerimg.BASE_IMAGE
 
 
 def cfree(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -240,36 +239,9 @@ def _compose_commands() -> dict[str, list[str]]:
     return found
 
 
-def _need(what: str, ok: bool) -> None:
-    """Absent tools fail the run in CI (it installs them) and skip elsewhere, saying why."""
-    if not ok:
-        if IN_CI:
-            pytest.fail(f"{what} is not available in CI")
-        pytest.skip(f"{what} is not available here")
-
-
 @pytest.fixture(scope="session")
 def peer_image() -> str:
-    _need("docker", shutil.which("docker") is not None)
-    info = subprocess.run(["docker", "info"], capture_output=True, text=True)
-    _need("a running docker engine", info.returncode == 0)
-    steps = [
-        ["bash", "deploy/build-base-image.sh", "--tag", BASE_IMAGE],
-        ["bash", "deploy/fetch-wheels.sh"],
-        # --network none: the build cannot reach a registry or an index; everything comes from
-        # the base image made from Debian's packages and the wheels in peer/wheels.
-        ["docker", "build", "--network", "none", "-q", "-f", "peer/Dockerfile"]
-        + ["--build-arg", f"BASE_IMAGE={BASE_IMAGE}", "--build-arg", "PIP_OPTIONS=--no-index"]
-        + ["-t", TEST_IMAGE, "."],
-    ]
-    for cmd in steps:
-        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
-        assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    r = subprocess.run(
-        ["docker", "run", "--rm", TEST_IMAGE, "--version"], capture_output=True, text=True
-    )
-    assert r.returncode == 0 and r.stdout.startswith("cfree "), r
-    return TEST_IMAGE
+    return dockerimg.peer_image()
 
 
 class Cluster:
@@ -348,7 +320,7 @@ def clusters():
 
 def _cluster(clusters, how: str, compose_file: Path, run_dir: Path, image: str) -> Cluster:
     cmds = _compose_commands()
-    _need(f"compose {how}", how in cmds)
+    dockerimg.need(f"compose {how}", how in cmds)
     c = Cluster(cmds[how], compose_file, run_dir, image)
     clusters.append(c)
     return c

@@ -25,6 +25,7 @@ from coordinator_free.cli import peer as peer_cmd
 from coordinator_free.cli import plan as plan_cmd
 from coordinator_free.cli import run as run_cmd
 from coordinator_free.cli import simulate as simulate_cmd
+from coordinator_free.cli import stack as stack_cmd
 from coordinator_free.cli.common import CliError, _emit, _fmt, _table, add_config_args
 from coordinator_free.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, CfreeError
 
@@ -50,6 +51,7 @@ examples:
   cfree keygen --hosts 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002 --out cluster/
   cfree compose examples/ring-sum.toml --dir cluster/ && docker-compose -f cluster/docker-compose.yml up --build
   cfree k8s examples/muffliato-ring.toml --dir k8s/ring && kubectl apply -k k8s/ring
+  cfree stack examples/muffliato-ring.toml --dir stack/ring   # a Docker Swarm stack
   cfree keypair --out key/ --address 192.168.1.11     # on each LAN host: prints its public line
   cfree roster --hosts hosts.txt --out lan/             # roster + start.sh + systemd unit per host
   cfree lab run                                         # 8 peers, each in its own network namespace (root)
@@ -76,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     attack_cmd.add_parser(sub)
     logs_cmd.add_parser(sub)
     k8s_cmd.add_parser(sub)
+    stack_cmd.add_parser(sub)
 
     from coordinator_free import report
     from coordinator_free.cli import lab as lab_cli
@@ -108,6 +111,7 @@ COMMANDS = {
     "log": lambda args: args.func(args),  # logs.cmd_log_dump
     "ls": logs_cmd.cmd_ls,
     "k8s": k8s_cmd.cmd_k8s,
+    "stack": stack_cmd.cmd_stack,
 }
 
 

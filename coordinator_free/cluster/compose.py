@@ -318,8 +318,68 @@ def keygen_role(
     return ros
 
 
-def audit_role(run_dir: Path = Path(RUN_MOUNT)) -> dict:
-    """The auditor service: replay the logs, write ``audit.json`` beside them, print the report."""
+def run_deadline_s(cfg: config_mod.Config) -> int:
+    """How long a peer may take at most: connecting, every step at twice its deadline, and a
+    margin (the orchestrators' limit on a peer, and how long an auditor waits for results)."""
+    from coordinator_free.families import make_plan
+
+    steps = make_plan(cfg).steps
+    return int(cfg.network.connect_timeout_s + (steps + 2) * 2 * cfg.network.deadline_s + 300)
+
+
+def idle_after(cfg: config_mod.Config) -> float:
+    """How long a run directory stays untouched, once a peer has finished, before the peers
+    still without a result are taken for gone: a live peer writes to its view log at least once
+    per step deadline (a value, or a miss when the deadline passes)."""
+    return 3 * cfg.network.deadline_s + 10
+
+
+def wait_for_peers(
+    run_dir: Path, n: int, *, timeout_s: float, idle_s: float, poll_s: float = 1.0
+) -> str:
+    """Wait until the run directory holds a result from each of the ``n`` peers (``"all"``),
+    or a peer has finished and nothing in the directory changed for ``idle_s`` (``"idle"``: the
+    others are gone, e.g. killed), or ``timeout_s`` passed (``"timeout"``). Says what it waits
+    for, at most every 30 s. For orchestrators with no "after these have ended" (Swarm,
+    Kubernetes): the audit of what is there then names every peer without a result."""
+    import time
+
+    t0 = time.monotonic()
+    last_said = float("-inf")
+    while True:
+        results = list(rundir.results_dir(run_dir).glob("node-*.json"))
+        now = time.monotonic()
+        if len(results) >= n:
+            return "all"
+        if now - t0 >= timeout_s:
+            print(
+                f"auditor: {len(results)} of {n} peers finished after {timeout_s:.0f} s; auditing"
+            )
+            return "timeout"
+        if results:
+            touched = [*results, *rundir.logs_dir(run_dir).glob("*")]
+            newest = max((p.stat().st_mtime for p in touched if p.exists()), default=0.0)
+            if time.time() - newest >= idle_s:
+                print(
+                    f"auditor: {len(results)} of {n} peers finished and nothing moved for "
+                    f"{idle_s:.0f} s: the others are gone; auditing"
+                )
+                return "idle"
+        if now - last_said >= 30:
+            print(f"auditor: waiting: {len(results)} of {n} peers finished", flush=True)
+            last_said = now
+        time.sleep(poll_s)
+
+
+def audit_role(
+    run_dir: Path = Path(RUN_MOUNT),
+    *,
+    wait_for: int | None = None,
+    timeout_s: float = 3600.0,
+    idle_s: float | None = None,
+) -> dict:
+    """The auditor service: replay the logs, write ``audit.json`` beside them, print the report.
+    With ``wait_for`` (the number of peers), first :func:`wait_for_peers`."""
     from coordinator_free.accounting.audit import audit_run, audit_state, save_audit
     from coordinator_free.accounting.render import print_audit as _print_audit
 
@@ -328,6 +388,10 @@ def audit_role(run_dir: Path = Path(RUN_MOUNT)) -> dict:
         # there is that of these very logs, so recomputing it could only rewrite the file.
         print(f"auditor: {rundir.audit_path(run_dir)} is the audit of the logs there; not redone")
         return json.loads(rundir.audit_path(run_dir).read_bytes())
+    if wait_for is not None:
+        if idle_s is None:
+            idle_s = idle_after(config_mod.load(rundir.config_path(run_dir)))
+        wait_for_peers(run_dir, wait_for, timeout_s=timeout_s, idle_s=idle_s)
     rep = audit_run(run_dir)
     save_audit(run_dir, rep)
     _print_audit(rep)
@@ -344,14 +408,23 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("keygen", help="keys into /cfree/keys/<i>, roster and config into the run")
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--port", type=int, default=PORT)
-    sub.add_parser("audit", help="audit the run directory, write audit.json")
+    p = sub.add_parser("audit", help="audit the run directory, write audit.json")
+    p.add_argument(
+        "--wait-for",
+        type=int,
+        metavar="N",
+        help="first wait until N peers have a result, or one has and the run directory stayed "
+        "untouched for --idle seconds, or --timeout passed",
+    )
+    p.add_argument("--timeout", type=float, default=3600.0, metavar="SECONDS")
+    p.add_argument("--idle", type=float, metavar="SECONDS", help="default: 3 step deadlines + 10")
     args = parser.parse_args(argv)
     from coordinator_free.accounting.audit import AuditError
 
     if args.role == "keygen":
         return keygen_main(args.nodes, args.port)
     try:
-        audit_role()
+        audit_role(wait_for=args.wait_for, timeout_s=args.timeout, idle_s=args.idle)
     except (AuditError, config_mod.ConfigError, roster_mod.RosterError, OSError) as exc:
         print(f"cfree {args.role}: {exc}", file=sys.stderr)
         return 2

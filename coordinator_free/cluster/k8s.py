@@ -12,8 +12,9 @@ writes a Kustomize directory:
   fails is not started again over its own view log), mounting only its own key Secret (mode
   0400) and the public ConfigMap, with hostname ``cfree-peer-<i>`` and subdomain
   ``cfree-peers``;
-- ``auditor.yaml``: a Job that waits until every peer has written its result (or until
-  ``--audit-after`` seconds have passed), then audits the run directory;
+- ``auditor.yaml``: a Job that waits until every peer has written its result (or one has and
+  the run directory stayed untouched long enough for the rest to be gone, or ``--audit-after``
+  seconds have passed), then audits the run directory;
 - ``README.md``: the commands.
 
 The image is the peer image of ``peer/Dockerfile`` (``--image``), pushed where the cluster can
@@ -29,7 +30,14 @@ from pathlib import Path
 from coordinator_free import config as config_mod
 from coordinator_free import roster as roster_mod
 from coordinator_free import rundir
-from coordinator_free.cluster.compose import IMAGE, PORT, ComposeError, node_count
+from coordinator_free.cluster.compose import (
+    IMAGE,
+    PORT,
+    ComposeError,
+    idle_after,
+    node_count,
+    run_deadline_s,
+)
 
 SERVICE = "cfree-peers"
 PUBLIC = "cfree-public"
@@ -142,11 +150,8 @@ def render_peer(i: int, image: str, port: int, deadline_s: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_auditor(n: int, image: str, wait_s: int) -> str:
-    wait = (
-        f"i=0; while [ $(ls {RUN_MOUNT}/results/node-*.json 2>/dev/null | wc -l) -lt {n} ] "
-        f"&& [ $i -lt {wait_s} ]; do sleep 5; i=$((i+5)); done; exec cfree-entrypoint audit"
-    )
+def render_auditor(n: int, image: str, wait_s: int, idle_s: float) -> str:
+    audit = ["audit", "--wait-for", str(n), "--timeout", str(wait_s), "--idle", f"{idle_s:g}"]
     lines = [
         "apiVersion: batch/v1",
         "kind: Job",
@@ -170,8 +175,7 @@ def render_auditor(n: int, image: str, wait_s: int) -> str:
         "      containers:",
         "        - name: auditor",
         *_pod_common(image, 10),
-        '          command: ["sh", "-c"]',
-        f"          args: [{_q(wait)}]",
+        "          args: [" + ", ".join(_q(a) for a in audit) + "]",
         "          volumeMounts:",
         f"            - {{name: run, mountPath: {RUN_MOUNT}}}",
         "      volumes:",
@@ -265,18 +269,14 @@ def write_k8s(
         n, out_dir / "keys", hosts=[host(i, port) for i in range(n)], name=cfg.run.name
     )
     roster_mod.save_roster(out_dir / rundir.ROSTER, ros)
-    # A peer's deadline: connecting, every step at twice its deadline, and a margin.
-    from coordinator_free.families import make_plan
-
-    steps = make_plan(cfg).steps
-    deadline = int(cfg.network.connect_timeout_s + (steps + 2) * 2 * cfg.network.deadline_s + 300)
+    deadline = run_deadline_s(cfg)
     wait = audit_after_s if audit_after_s is not None else deadline
     files = {
         "kustomization.yaml": render_kustomization(n),
         "service.yaml": render_service(port),
         "pvc.yaml": render_pvc(storage),
         "peers.yaml": "---\n".join(render_peer(i, image, port, deadline) for i in range(n)),
-        "auditor.yaml": render_auditor(n, image, wait),
+        "auditor.yaml": render_auditor(n, image, wait, idle_after(cfg)),
         "README.md": readme(n, image),
     }
     for name, text in files.items():

@@ -1,0 +1,102 @@
+"""`cfree stack`: a Docker Swarm stack for a config."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from coordinator_free import config as config_mod
+from coordinator_free.cli.common import CliError, add_config_args
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "stack",
+        help="write a Docker Swarm stack for a config (a job per peer, an auditor job)",
+        description="Make the run's keys here and write DIR/docker-stack.yml for `docker stack "
+        "deploy`: each key a Swarm secret mounted only into its peer's container, the config "
+        "and roster as Swarm configs, an overlay network, one job per peer that is never "
+        "restarted, and an auditor job that audits once every peer has a result. DIR/run is "
+        "the run directory (a bind mount) and DIR/README.md has the commands, also for "
+        "spreading the peers over LAN hosts (--groups).",
+        epilog="examples:\n  cfree stack examples/muffliato-ring.toml --dir stack/ring\n"
+        "  docker stack deploy --resolve-image never -c stack/ring/docker-stack.yml cfree\n"
+        "  cfree stack examples/ring-sum.toml --dir stack/lan --groups 3   # hosts labelled "
+        "cfree.group=0,1,2",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_config_args(p)
+    p.add_argument("--dir", type=Path, required=True, help="where to write the stack")
+    p.add_argument(
+        "--image",
+        default=None,
+        help="the peer image on every host (default: coordinator-free-peer:latest, built from "
+        "peer/Dockerfile)",
+    )
+    p.add_argument("--port", type=int, default=7000, help="the peers' port (default 7000)")
+    p.add_argument(
+        "--groups",
+        type=int,
+        default=0,
+        metavar="K",
+        help="run peer i only on Swarm nodes labelled cfree.group=<i mod K> (default 0: no "
+        "constraint, Swarm places the peers)",
+    )
+    p.add_argument(
+        "--run-dir",
+        type=Path,
+        help="the run directory, a host path on every node (default: DIR/run)",
+    )
+    p.add_argument(
+        "--audit-after",
+        type=int,
+        metavar="SECONDS",
+        help="the auditor audits once every peer has a result, or after this long (default: "
+        "the peers' own deadline)",
+    )
+    p.add_argument(
+        "--audit-idle",
+        type=float,
+        metavar="SECONDS",
+        help="once a peer has finished, the auditor takes peers without a result for gone "
+        "when the run directory stays untouched this long (default: 3 step deadlines + 10 s)",
+    )
+    p.add_argument("--json", action="store_true", help="print what was written as JSON")
+
+
+def cmd_stack(args) -> int:
+    from coordinator_free.cluster import compose, stack
+
+    cfg = config_mod.load(args.config, args.set, args.fault)
+    if not 1 <= args.port <= 65535:
+        raise CliError(f"--port {args.port} is not in 1..65535")
+    if cfg.graph.path or getattr(cfg.data, "path", None):
+        raise CliError(
+            "cfree stack: this config reads a file (graph.path or data.path), which the stack "
+            "does not carry; use cfree compose, or a config without files"
+        )
+    try:
+        info = stack.write_stack(
+            cfg,
+            args.dir,
+            image=args.image or compose.IMAGE,
+            port=args.port,
+            groups=args.groups,
+            run_dir=args.run_dir,
+            audit_timeout_s=args.audit_after,
+            audit_idle_s=args.audit_idle,
+        )
+    except compose.ComposeError as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    print(
+        f"wrote {info['stack_file']}: {info['nodes']} peer jobs, an auditor job, keys/ "
+        f"(private); run directory {info['run_dir']}"
+    )
+    print("next:")
+    print(f"  docker stack deploy --resolve-image never -c {info['stack_file']} cfree")
+    print(f"  (see {info['dir']}/README.md)")
+    return 0

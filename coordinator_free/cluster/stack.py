@@ -1,0 +1,285 @@
+"""Docker Swarm stacks: one job per peer, an auditor job, keys as Swarm secrets.
+
+``cfree stack CONFIG --dir DIR`` makes the run's keys on the operator's machine (as ``cfree
+keygen`` does, with the in-stack names ``peer-<i>:7000`` in the roster) and writes:
+
+- ``docker-stack.yml``, for ``docker stack deploy``:
+
+  - a secret per node key (``keys/node-<i>.key``), mounted only into peer i's container at
+    ``/cfree/key/node-<i>.key``, mode 0400;
+  - the config and the roster as Swarm configs, mounted into every container under
+    ``/cfree/public``;
+  - the overlay network ``cfree``; each peer is reached by its service name, resolved to its
+    container's own address (``endpoint_mode: dnsrr``, no virtual IP in between);
+  - ``peer-<i>``: a ``replicated-job`` with ``restart_policy: none`` (a job's default is to
+    restart, which would start a peer again over its own view log);
+  - ``auditor``: a job on a manager node that waits until every peer has a result (or one has
+    and the run directory stayed untouched long enough for the rest to be gone), then audits;
+  - the run directory as a bind mount (``$CFREE_RUN_DIR``, by default ``DIR/run``), which must
+    exist on every host that runs a peer;
+  - with ``--groups K``, peer i runs only on nodes labelled ``cfree.group=<i mod K>``, to spread
+    the peers over LAN hosts;
+- ``run/``: the run directory, already holding the config and the roster (the auditor reads
+  them there);
+- ``README.md``: the commands.
+
+Secret and config names carry the run id: a new run never collides with an earlier stack's
+(Swarm secrets cannot be changed in place). Nothing is restarted, nothing is pulled
+(``--resolve-image never``): the image must be on every host (a registry, or ``docker save |
+docker load``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from coordinator_free import config as config_mod
+from coordinator_free import roster as roster_mod
+from coordinator_free import rundir
+from coordinator_free.cluster.compose import (
+    IMAGE,
+    PORT,
+    RUN_MOUNT,
+    ComposeError,
+    describe,
+    idle_after,
+    node_count,
+    run_deadline_s,
+    service,
+)
+
+STACK_FILE = "docker-stack.yml"
+PUBLIC_MOUNT = "/cfree/public"
+KEY_MOUNT = "/cfree/key"
+NETWORK = "cfree"
+#: The node label ``--groups`` places peers by.
+GROUP_LABEL = "cfree.group"
+
+
+def _q(s: str) -> str:
+    return json.dumps(s)  # a JSON string is a valid YAML scalar
+
+
+def key_secret(i: int) -> str:
+    return f"key-{i}"
+
+
+def render(
+    n: int,
+    *,
+    run_id: str,
+    describe: str,
+    run_dir: str,
+    image: str = IMAGE,
+    port: int = PORT,
+    groups: int = 0,
+    audit_timeout_s: int = 3600,
+    audit_idle_s: float = 40.0,
+) -> str:
+    """The text of the stack file (deterministic: same inputs, same bytes)."""
+    if n < 2:
+        raise ComposeError(f"a cluster needs at least 2 nodes, the config has {n}")
+    if groups < 0:
+        raise ComposeError(f"--groups must be 0 (no placement) or more, got {groups}")
+    tag = run_id[:12]
+    run_mount = [
+        "      - type: bind",
+        f"        source: {_q('${CFREE_RUN_DIR:-' + run_dir + '}')}",
+        f"        target: {RUN_MOUNT}",
+    ]
+    public = [
+        "    configs:",
+        "      - source: config",
+        f"        target: {PUBLIC_MOUNT}/config.toml",
+        "      - source: roster",
+        f"        target: {PUBLIC_MOUNT}/roster.json",
+    ]
+
+    def job(constraints: list[str]) -> list[str]:
+        out = [
+            "    deploy:",
+            "      mode: replicated-job",
+            "      restart_policy:",
+            "        condition: none",
+        ]
+        if constraints:
+            out += ["      placement:", "        constraints:"]
+            out += [f"          - {_q(c)}" for c in constraints]
+        return out
+
+    lines = [
+        f"# coordinator-free Swarm stack: {describe}.",
+        "# Written by `cfree stack`; regenerate it from the config rather than editing it.",
+        "#",
+        "#   docker stack deploy --resolve-image never -c docker-stack.yml cfree",
+        "#",
+        "# Each peer is a job that is never restarted; it mounts only its own key secret. The",
+        f"# auditor writes audit.json into the run directory ${{CFREE_RUN_DIR:-{run_dir}}}",
+        "# (a bind mount that must exist on every host). See README.md next to this file.",
+        'version: "3.9"',
+        "",
+        "services:",
+    ]
+    for i in range(n):
+        constraints = [f"node.labels.{GROUP_LABEL} == {i % groups}"] if groups else []
+        lines += [
+            f"  {service(i)}:",
+            f"    image: {_q('${CFREE_IMAGE:-' + image + '}')}",
+            '    command: ["peer"]',
+            f"    hostname: {_q(service(i))}",
+            "    init: true",
+            "    environment:",
+            f"      CFREE_NODE_ID: {_q(str(i))}",
+            f"      CFREE_PORT: {_q(str(port))}",
+            f"      CFREE_CONFIG: {_q(PUBLIC_MOUNT + '/config.toml')}",
+            f"      CFREE_ROSTER: {_q(PUBLIC_MOUNT + '/roster.json')}",
+            "    networks:",
+            f"      - {NETWORK}",
+            "    volumes:",
+            *run_mount,
+            "    secrets:",
+            f"      - source: {key_secret(i)}",
+            f"        target: {KEY_MOUNT}/node-{i}.key",
+            "        mode: 0400",
+            *public,
+            *job(constraints),
+            "      endpoint_mode: dnsrr",
+        ]
+    audit_cmd = ["audit", "--wait-for", str(n), "--timeout", str(audit_timeout_s)]
+    audit_cmd += ["--idle", f"{audit_idle_s:g}"]
+    lines += [
+        "  auditor:",
+        f"    image: {_q('${CFREE_IMAGE:-' + image + '}')}",
+        "    command: [" + ", ".join(_q(c) for c in audit_cmd) + "]",
+        "    init: true",
+        "    networks:",
+        f"      - {NETWORK}",
+        "    volumes:",
+        *run_mount,
+        *job(["node.role == manager"]),
+    ]
+    lines += ["", "networks:", f"  {NETWORK}:", "    driver: overlay", "", "secrets:"]
+    for i in range(n):
+        lines += [
+            f"  {key_secret(i)}:",
+            f"    file: {_q(f'./keys/node-{i}.key')}",
+            f"    name: {_q(f'cfree-{tag}-key-{i}')}",
+        ]
+    lines += ["", "configs:"]
+    for name, file in (("config", rundir.CONFIG), ("roster", rundir.ROSTER)):
+        lines += [
+            f"  {name}:",
+            f"    file: {_q('./' + file)}",
+            f"    name: {_q(f'cfree-{tag}-{name}')}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def write_stack(
+    cfg: config_mod.Config,
+    out_dir: Path,
+    *,
+    image: str = IMAGE,
+    port: int = PORT,
+    groups: int = 0,
+    run_dir: Path | None = None,
+    audit_timeout_s: int | None = None,
+    audit_idle_s: float | None = None,
+) -> dict:
+    """Write the stack directory of ``cfg`` into ``out_dir`` (which must not hold a run's keys
+    yet); return what was written."""
+    n = node_count(cfg)
+    if n < 2:
+        raise ComposeError(f"a cluster needs at least 2 nodes, the config has {n}")
+    out_dir = Path(out_dir)
+    if (out_dir / "keys").exists() or (out_dir / STACK_FILE).exists():
+        raise ComposeError(f"{out_dir} already holds a stack or keys; use another --dir")
+    run = Path(run_dir) if run_dir is not None else out_dir / "run"
+    if run.exists() and any(run.iterdir()):
+        raise ComposeError(f"the run directory {run} is not empty: it may hold an earlier run")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hosts = [(service(i), port) for i in range(n)]
+    ros = roster_mod.generate_keys(n, out_dir / "keys", hosts=hosts, name=cfg.run.name)
+    for where in (out_dir, run):
+        where.mkdir(parents=True, exist_ok=True)
+        (where / rundir.CONFIG).write_text(cfg.to_toml())
+        roster_mod.save_roster(where / rundir.ROSTER, ros)
+    deadline = run_deadline_s(cfg)
+    idle = audit_idle_s if audit_idle_s is not None else idle_after(cfg)
+    text = render(
+        n,
+        run_id=ros.run_id,
+        describe=describe(cfg, n),
+        run_dir=str(run.resolve()),
+        image=image,
+        port=port,
+        groups=groups,
+        audit_timeout_s=audit_timeout_s if audit_timeout_s is not None else deadline,
+        audit_idle_s=idle,
+    )
+    (out_dir / STACK_FILE).write_text(text)
+    (out_dir / "README.md").write_text(readme(n, image, str(run.resolve()), groups))
+    return {
+        "dir": str(out_dir),
+        "stack_file": str(out_dir / STACK_FILE),
+        "run_dir": str(run.resolve()),
+        "run_id": ros.run_id,
+        "nodes": n,
+        "image": image,
+        "groups": groups,
+    }
+
+
+def readme(n: int, image: str, run_dir: str, groups: int) -> str:
+    place = (
+        f"Peer i runs only on a node labelled `{GROUP_LABEL}=<i mod {groups}>`: label the hosts "
+        "before deploying, e.g.\n\n"
+        "```sh\n"
+        + "".join(
+            f"docker node update --label-add {GROUP_LABEL}={g} <host-{g}>\n" for g in range(groups)
+        )
+        + "```\n"
+        if groups
+        else "No placement constraint: Swarm spreads the peers over the nodes itself "
+        "(`cfree stack --groups K` pins peer i to hosts labelled `cfree.group=<i mod K>`).\n"
+    )
+    return f"""# coordinator-free on Docker Swarm: {n} peers
+
+Written by `cfree stack`. The keys in `keys/` were made on this machine: each becomes a Swarm
+secret that only its peer's container mounts. Keep this directory private.
+
+```sh
+docker swarm init --advertise-addr <this host's LAN address>   # once, on the manager
+docker build -f peer/Dockerfile -t {image} .                 # from the project's checkout
+docker stack deploy --resolve-image never -c docker-stack.yml cfree
+docker service ls --filter label=com.docker.stack.namespace=cfree
+docker service logs cfree_auditor                # the audit, once the peers have finished
+docker stack rm cfree                            # services, network, secrets and configs
+# Swarm keeps the stopped containers of job tasks; once the services are gone:
+docker container prune --force --filter label=com.docker.stack.namespace=cfree
+```
+
+The run directory `{run_dir}` (a bind mount, override with `CFREE_RUN_DIR`) receives the view
+logs, the results and, from the auditor, `audit.json`.
+
+## Across LAN hosts
+
+On every other host: `docker swarm join --token <token> <manager>:2377` (the token is printed
+by `docker swarm init`), the peer image (`docker save {image} | ssh host docker load`, or a
+registry), and the run directory: `mkdir -p {run_dir}`.
+
+{place}
+Each host's run directory then holds the logs of the peers that ran there (unless the run
+directory is a shared file system, e.g. NFS, mounted at the same path everywhere), and the
+auditor on the manager audits only what it sees: peers elsewhere show as missing, never as a
+smaller loss. Gather the logs on the manager and audit them together:
+
+```sh
+for h in <host-1> <host-2>; do
+  rsync -a "$h:{run_dir}/logs/" {run_dir}/logs/
+  rsync -a "$h:{run_dir}/results/" {run_dir}/results/
+done
+cfree audit {run_dir}
+```
+"""

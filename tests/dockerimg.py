@@ -1,0 +1,58 @@
+"""The peer image for the docker suites (compose clusters, Swarm stacks), built once per test
+session the offline way: a base image from Debian's packages (deploy/build-base-image.sh), the
+wheels fetched beforehand (deploy/fetch-wheels.sh), then ``docker build --network none``, so the
+build itself cannot reach a registry or an index."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TEST_IMAGE = "coordinator-free-peer:test"
+BASE_IMAGE = "cfree-base:bookworm"
+IN_CI = os.environ.get("CI") == "true"
+
+
+def need(what: str, ok: bool) -> None:
+    """Absent tools fail the run in CI (it installs them) and skip elsewhere, saying why."""
+    if not ok:
+        if IN_CI:
+            pytest.fail(f"{what} is not available in CI")
+        pytest.skip(f"{what} is not available here")
+
+
+def need_docker() -> None:
+    need("docker", shutil.which("docker") is not None)
+    info = subprocess.run(["docker", "info"], capture_output=True, text=True)
+    need("a running docker engine", info.returncode == 0)
+
+
+@functools.cache
+def _build() -> str:
+    steps = [
+        ["bash", "deploy/build-base-image.sh", "--tag", BASE_IMAGE],
+        ["bash", "deploy/fetch-wheels.sh"],
+        ["docker", "build", "--network", "none", "-q", "-f", "peer/Dockerfile"]
+        + ["--build-arg", f"BASE_IMAGE={BASE_IMAGE}", "--build-arg", "PIP_OPTIONS=--no-index"]
+        + ["-t", TEST_IMAGE, "."],
+    ]
+    for cmd in steps:
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+        assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    r = subprocess.run(
+        ["docker", "run", "--rm", TEST_IMAGE, "--version"], capture_output=True, text=True
+    )
+    assert r.returncode == 0 and r.stdout.startswith("cfree "), r
+    return TEST_IMAGE
+
+
+def peer_image() -> str:
+    """The tag of the peer image built from this checkout (once per session)."""
+    need_docker()
+    return _build()
