@@ -39,6 +39,8 @@ FILES = {
     "distance": "loss_vs_distance.png",
     "heatmap": "eps_heatmap.png",
 }
+#: report.html: beside the PNGs, instead of them, or not at all.
+HTML_MODES = ("also", "only", "no")
 # Above this many nodes the heat map carries no per-cell numbers.
 CELL_TEXT_MAX_N = 16
 DPI = 120
@@ -483,9 +485,12 @@ def render_report(
     *,
     method: str = "exact",
     trust_audit: bool = False,
+    html: str = "also",
 ) -> dict:
     """Render the PNG plots of RUN_DIR into OUT_DIR (default RUN_DIR/report/), auditing the
-    view logs first when audit.json is missing or stale (see :func:`current_audit`).
+    view logs first when audit.json is missing or stale (see :func:`current_audit`), and
+    ``report.html`` beside them (``html``: ``"also"``, ``"only"`` without the PNGs, ``"no"``;
+    see :mod:`coordinator_free.htmlreport`).
 
     Returns ``{"files": [written paths], "notes": [human-readable remarks]}``; raises
     ReportError (a ValueError) naming the file when an input is missing or damaged.
@@ -495,8 +500,11 @@ def render_report(
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir}: not a run directory")
+    if html not in HTML_MODES:
+        raise ReportError(f"unknown html mode {html!r}; expected one of {', '.join(HTML_MODES)}")
     notes: list[str] = []
-    audit = load_audit(current_audit(run_dir, notes, trust=trust_audit))
+    audit_path = current_audit(run_dir, notes, trust=trust_audit)
+    audit = load_audit(audit_path)
     metrics_path = rundir.metrics_path(run_dir)
     metrics = load_metrics(metrics_path, notes) if metrics_path.exists() else None
 
@@ -507,7 +515,8 @@ def render_report(
         raise ReportError(f"{out}: cannot create the output directory: {exc.strerror}") from None
     run_name = run_dir.resolve().name
     files: list[str] = []
-
+    if html == "only":
+        return {"files": [_write_html(run_dir, audit_path, out, method, notes)], "notes": notes}
     if metrics is None:
         notes.append(f"{FILES['accuracy']} skipped: no metrics.jsonl (not a learning run)")
     elif metrics.rounds.size == 0:
@@ -550,7 +559,15 @@ def render_report(
             path = out / FILES[key]
             plot(audit, method, path, run_name, notes)
             files.append(str(path))
+    if html == "also":
+        files.append(_write_html(run_dir, audit_path, out, method, notes))
     return {"files": files, "notes": notes}
+
+
+def _write_html(run_dir: Path, audit_path: Path, out: Path, method: str, notes: list[str]) -> str:
+    from coordinator_free import htmlreport
+
+    return str(htmlreport.write_html(run_dir, audit_path, out, method=method, notes=list(notes)))
 
 
 # --------------------------------------------------------------------------------------- CLI
@@ -567,7 +584,9 @@ def add_parser(subparsers) -> None:
         "eps) and eps_heatmap.png (eps_{u->v}, rows observer v, columns source u), both from "
         "RUN_DIR/audit.json. An audit.json that is missing (a --no-audit, LAN or collected run) "
         "or does not match the view logs is recomputed from them first and written. Plots whose "
-        "input is absent are skipped with a note.",
+        "input is absent are skipped with a note. report.html, written beside them (only it "
+        "with --html), shows all of it on one self-contained page that loads nothing from any "
+        "network.",
     )
     p.add_argument("run_dir", type=Path, help="run directory written by `cfree run`")
     p.add_argument(
@@ -586,6 +605,18 @@ def add_parser(subparsers) -> None:
         help="plot audit.json as it stands even when the view logs it was computed from are "
         "gone (otherwise refused: nothing can check it)",
     )
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "--html",
+        dest="html",
+        action="store_const",
+        const="only",
+        default="also",
+        help="write only report.html, one self-contained page (summary, per-node status, "
+        "fault timeline, eps heat map with values on hover, loss against distance, accuracy, "
+        "integrity findings, plan against audit); by default it is written beside the PNGs",
+    )
+    g.add_argument("--no-html", dest="html", action="store_const", const="no", help="only the PNGs")
     p.add_argument(
         "--json", action="store_true", help='print {"files": [...], "notes": [...]} as JSON'
     )
@@ -597,7 +628,11 @@ def cmd_report(args) -> int:
     line on stderr and gives exit status 2."""
     try:
         rep = render_report(
-            args.run_dir, args.out, method=args.method, trust_audit=args.trust_audit
+            args.run_dir,
+            args.out,
+            method=args.method,
+            trust_audit=args.trust_audit,
+            html=args.html,
         )
     except ReportError as exc:
         print(f"cfree report: error: {exc}", file=sys.stderr)

@@ -102,9 +102,10 @@ def assert_png(path: str | Path, min_size: int = 5000) -> None:
 def test_renders_three_pngs(run_dir, method):
     rep = render_report(run_dir, method=method)
     names = [Path(f).name for f in rep["files"]]
-    assert names == ["accuracy.png", "loss_vs_distance.png", "eps_heatmap.png"]
+    assert names == ["accuracy.png", "loss_vs_distance.png", "eps_heatmap.png", "report.html"]
     for f in rep["files"]:
         assert Path(f).parent == run_dir / "report"
+    for f in rep["files"][:-1]:
         assert_png(f)
     if method == "exact":
         # The exact zero pair cannot go on the log axis; the report says so.
@@ -123,7 +124,11 @@ def test_out_dir_and_deterministic_bytes(run_dir, tmp_path):
 def test_no_metrics_skips_accuracy_with_note(run_dir):
     (run_dir / "metrics.jsonl").unlink()
     rep = render_report(run_dir)
-    assert [Path(f).name for f in rep["files"]] == ["loss_vs_distance.png", "eps_heatmap.png"]
+    assert [Path(f).name for f in rep["files"]] == [
+        "loss_vs_distance.png",
+        "eps_heatmap.png",
+        "report.html",
+    ]
     assert any("accuracy.png skipped" in n and "metrics.jsonl" in n for n in rep["notes"])
 
 
@@ -246,13 +251,14 @@ def test_cmd_report_via_add_parser(run_dir, tmp_path, capsys):
         "accuracy.png",
         "loss_vs_distance.png",
         "eps_heatmap.png",
+        "report.html",
     ]
     assert all(Path(p).parent == out for p in printed)
 
     args = parser.parse_args(["report", str(run_dir), "--json"])
     assert args.func(args) == 0
     rep = json.loads(capsys.readouterr().out)
-    assert set(rep) == {"files", "notes"} and len(rep["files"]) == 3
+    assert set(rep) == {"files", "notes"} and len(rep["files"]) == 4
 
     (run_dir / "audit.json").write_text("{")
     assert args.func(parser.parse_args(["report", str(run_dir)])) == 2
@@ -291,12 +297,16 @@ def test_real_run_end_to_end(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     rep = render_report(run)
-    assert [Path(f).name for f in rep["files"]] == ["loss_vs_distance.png", "eps_heatmap.png"]
-    for f in rep["files"]:
+    assert [Path(f).name for f in rep["files"]] == [
+        "loss_vs_distance.png",
+        "eps_heatmap.png",
+        "report.html",
+    ]
+    for f in rep["files"][:-1]:
         assert_png(f)
     assert any("metrics.jsonl" in n for n in rep["notes"])
     rep = render_report(run, tmp_path / "paper", method="paper")
-    assert len(rep["files"]) == 2
+    assert len(rep["files"]) == 3
 
 
 def test_report_audits_a_run_without_audit_json_and_refuses_one_without_logs(tmp_path, capsys):
@@ -319,7 +329,11 @@ def test_report_audits_a_run_without_audit_json_and_refuses_one_without_logs(tmp
     assert not audit_json.exists() and audit_mod.audit_state(run) == "missing"
 
     rep = render_report(run)
-    assert [Path(f).name for f in rep["files"]] == ["loss_vs_distance.png", "eps_heatmap.png"]
+    assert [Path(f).name for f in rep["files"]] == [
+        "loss_vs_distance.png",
+        "eps_heatmap.png",
+        "report.html",
+    ]
     assert any("audit.json was missing" in n for n in rep["notes"]), rep["notes"]
     first = json.loads(audit_json.read_text())
     assert first["logs"]["files"] == 8 and audit_mod.audit_state(run) == "current"
@@ -351,7 +365,7 @@ def test_report_audits_a_run_without_audit_json_and_refuses_one_without_logs(tmp
     with pytest.raises(ReportError, match="are gone.*--trust-audit"):
         render_report(run)
     rep = render_report(run, trust_audit=True)
-    assert len(rep["files"]) == 2 and any("--trust-audit" in n for n in rep["notes"])
+    assert len(rep["files"]) == 3 and any("--trust-audit" in n for n in rep["notes"])
     audit_json.unlink()
     with pytest.raises(ReportError, match="no audit.json and no view logs"):
         render_report(run)
