@@ -422,9 +422,10 @@ def _table(head: list[str], rows: list[list[str]], num: set[int] | None = None) 
     return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def build_html(run_dir: Path, audit: dict, *, method: str, notes: list[str]) -> str:
-    from coordinator_free.report import load_metrics
-
+def build_html(
+    run_dir: Path, audit: dict, *, method: str, notes: list[str], metrics: Any = None
+) -> str:
+    """The page; ``metrics``: the run's ``report.Metrics`` (learning runs), or None."""
     n = int(audit["n"])
     cfg_text = rundir.config_path(run_dir)
     summary = _read_json(rundir.summary_path(run_dir), notes) or {}
@@ -549,31 +550,23 @@ def build_html(run_dir: Path, audit: dict, *, method: str, notes: list[str]) -> 
         parts.append('<p id="hover"></p><p class="muted"><span id="cells">?</span> cells</p>')
 
     # Accuracy.
-    mpath = rundir.metrics_path(run_dir)
-    if mpath.exists():
-        try:
-            m = load_metrics(mpath, notes)
-        except Exception as exc:
-            notes.append(f"{mpath.name}: {exc}")
-            m = None
-        if m is not None and m.rounds.size:
-            acc = m.columns["avg_test_accuracy"]
-            key = "avg_test_accuracy" if (acc == acc).any() else "avg_test_loss"
-            label = "test accuracy" if key == "avg_test_accuracy" else "test loss"
-            series = [
-                (float(r), float(y))
-                for r, y in zip(m.rounds, m.columns[key], strict=True)
-                if y == y
-            ]
-            lines = [(series, "acc", f"{label}, node-average model")]
-            for k in ("node_test_accuracy_min", "node_test_accuracy_max"):
-                col = m.columns[k]
-                if key == "avg_test_accuracy" and (col == col).any():
-                    pts = [(float(r), float(y)) for r, y in zip(m.rounds, col, strict=True)]
-                    lines.append(([p for p in pts if p[1] == p[1]], "band", k))
-            parts.append(f'<h2 id="accuracy">{_e(label.capitalize())} by round</h2>')
-            pts2 = [(x, y, f"round {int(x)}: {label} {_num(y)}") for x, y in series]
-            parts.append(_scatter(pts2, xlabel="round", ylabel=label, lines=lines, css="pt2"))
+    m = metrics
+    if m is not None and m.rounds.size:
+        acc = m.columns["avg_test_accuracy"]
+        key = "avg_test_accuracy" if (acc == acc).any() else "avg_test_loss"
+        label = "test accuracy" if key == "avg_test_accuracy" else "test loss"
+        series = [
+            (float(r), float(y)) for r, y in zip(m.rounds, m.columns[key], strict=True) if y == y
+        ]
+        lines = [(series, "acc", f"{label}, node-average model")]
+        for k in ("node_test_accuracy_min", "node_test_accuracy_max"):
+            col = m.columns[k]
+            if key == "avg_test_accuracy" and (col == col).any():
+                pts = [(float(r), float(y)) for r, y in zip(m.rounds, col, strict=True)]
+                lines.append(([p for p in pts if p[1] == p[1]], "band", k))
+        parts.append(f'<h2 id="accuracy">{_e(label.capitalize())} by round</h2>')
+        pts2 = [(x, y, f"round {int(x)}: {label} {_num(y)}") for x, y in series]
+        parts.append(_scatter(pts2, xlabel="round", ylabel=label, lines=lines, css="pt2"))
 
     # Integrity and plan against audit.
     parts.append('<h2 id="integrity">Integrity findings</h2>')
@@ -644,11 +637,17 @@ def build_html(run_dir: Path, audit: dict, *, method: str, notes: list[str]) -> 
 
 
 def write_html(
-    run_dir: Path, audit_path: Path, out: Path, *, method: str, notes: list[str]
+    run_dir: Path,
+    audit_path: Path,
+    out: Path,
+    *,
+    method: str,
+    notes: list[str],
+    metrics: Any = None,
 ) -> Path:
     """Write ``out/report.html`` for the run; return its path."""
     audit = json.loads(audit_path.read_bytes())
-    text = build_html(Path(run_dir), audit, method=method, notes=notes)
+    text = build_html(Path(run_dir), audit, method=method, notes=notes, metrics=metrics)
     path = Path(out) / FILE
     rundir.write_text(path, text)
     return path

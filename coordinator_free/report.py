@@ -516,7 +516,8 @@ def render_report(
     run_name = run_dir.resolve().name
     files: list[str] = []
     if html == "only":
-        return {"files": [_write_html(run_dir, audit_path, out, method, notes)], "notes": notes}
+        page = _write_html(run_dir, audit_path, out, method, notes, metrics)
+        return {"files": [page], "notes": notes}
     if metrics is None:
         notes.append(f"{FILES['accuracy']} skipped: no metrics.jsonl (not a learning run)")
     elif metrics.rounds.size == 0:
@@ -560,14 +561,24 @@ def render_report(
             plot(audit, method, path, run_name, notes)
             files.append(str(path))
     if html == "also":
-        files.append(_write_html(run_dir, audit_path, out, method, notes))
+        files.append(_write_html(run_dir, audit_path, out, method, notes, metrics))
     return {"files": files, "notes": notes}
 
 
-def _write_html(run_dir: Path, audit_path: Path, out: Path, method: str, notes: list[str]) -> str:
+def _write_html(
+    run_dir: Path,
+    audit_path: Path,
+    out: Path,
+    method: str,
+    notes: list[str],
+    metrics: Metrics | None,
+) -> str:
     from coordinator_free import htmlreport
 
-    return str(htmlreport.write_html(run_dir, audit_path, out, method=method, notes=list(notes)))
+    path = htmlreport.write_html(
+        run_dir, audit_path, out, method=method, notes=list(notes), metrics=metrics
+    )
+    return str(path)
 
 
 # --------------------------------------------------------------------------------------- CLI

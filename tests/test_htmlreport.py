@@ -238,3 +238,18 @@ def test_chromium_renders_a_page_that_is_not_blank(killed, tmp_path):
     # The red of the killed node's fault marks and badges is on the page.
     red = (img[..., 0] > 0.7) & (img[..., 1] < 0.35) & (img[..., 2] < 0.35)
     assert red.sum() > 20
+
+
+def test_a_learning_run_shows_its_accuracy_by_round(tmp_path):
+    run = _run(tmp_path)
+    rows = [
+        {"round": r, "avg_test_accuracy": 0.5 + 0.05 * r, "node_test_accuracy_min": 0.4 + 0.05 * r}
+        for r in range(5)
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
+    (page,) = render_report(run, html="only")["files"]
+    p = Page(Path(page).read_text())
+    assert p.text_of["accuracy"] == "Test accuracy by round"
+    points = p.all("circle", "pt2")
+    assert len(points) == 5
+    assert "round 4: test accuracy 0.7" in Path(page).read_text()
