@@ -545,6 +545,18 @@ def build_html(
                 f"<p><strong>{infinite} pair(s) at ε = ∞</strong> (red cells): no privacy "
                 "for them.</p>"
             )
+    elif audit.get("central") is True:
+        every = [
+            float(x["eps"])
+            for o in audit.get("observers", [])
+            for x in o.get("losses", [])
+            if x.get("method") == method
+        ]
+        eps_c = max(every, default=ldp)
+        parts.append(
+            f"<p><strong>central DP (a trusted curator, no graph)</strong>: every user loses "
+            f"ε = {_num(eps_c)} to anyone who sees the released models; no pairs to map.</p>"
+        )
     else:
         parts.append(f'<p class="muted">no {_e(method)} losses between distinct nodes</p>')
         parts.append('<p id="hover"></p><p class="muted"><span id="cells">?</span> cells</p>')

@@ -152,5 +152,7 @@ def test_central_dp_is_presented_as_central_dp(tmp_path, capsys):
     from coordinator_free import report
 
     res = report.render_report(out)
-    assert [Path(f).name for f in res["files"]] == ["accuracy.png"]
+    assert [Path(f).name for f in res["files"]] == ["accuracy.png", "report.html"]
+    page = Path(res["files"][1]).read_text()
+    assert "central DP (a trusted curator, no graph)" in page and 'class="cell"' not in page
     assert any("central DP" in n and "skipped" in n for n in res["notes"])
