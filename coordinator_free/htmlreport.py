@@ -387,7 +387,7 @@ SCRIPT = """
   function show(r) {
     cells.forEach(function (c) { c.classList.remove('picked'); });
     r.classList.add('picked');
-    out.textContent = r.querySelector('title').textContent;
+    if (out) { out.textContent = r.querySelector('title').textContent; }
   }
   cells.forEach(function (r) {
     r.addEventListener('mouseenter', function () { show(r); });
@@ -400,9 +400,10 @@ SCRIPT = """
   var m = /^#pair=(\\d+),(\\d+)$/.exec(location.hash);
   if (m) {
     var r = document.querySelector('svg.heat rect.cell[data-v="' + m[1] + '"][data-u="' + m[2] + '"]');
-    if (r) { show(r); } else { out.textContent = 'no cell for pair ' + m[1] + ',' + m[2]; }
+    if (r) { show(r); } else if (out) { out.textContent = 'no pair ' + m[1] + ',' + m[2]; }
   }
-  document.getElementById('cells').textContent = String(cells.length);
+  var count = document.getElementById('cells');
+  if (count) { count.textContent = String(cells.length); }
   document.documentElement.setAttribute('data-ready', '1');
 })();
 """
@@ -514,7 +515,19 @@ def build_html(
 
     # Privacy loss.
     parts.append(f'<h2 id="heatmap">Pairwise privacy loss ε(u→v), {_e(method)}</h2>')
-    if pairs:
+    if audit.get("central") is True:
+        every = [
+            float(x["eps"])
+            for o in audit.get("observers", [])
+            for x in o.get("losses", [])
+            if x.get("method") == method
+        ]
+        eps_c = max(every, default=ldp)
+        parts.append(
+            f"<p><strong>central DP (a trusted curator, no graph)</strong>: every user loses "
+            f"ε = {_num(eps_c)} to anyone who sees the released models; no pairs to map.</p>"
+        )
+    elif pairs:
         parts.append(heatmap_svg(n, {k: e for k, (e, _d) in pairs.items()}, ldp))
         parts.append(
             '<p id="hover" class="muted">hover a cell for its value (a click links to it)</p>'
@@ -545,18 +558,6 @@ def build_html(
                 f"<p><strong>{infinite} pair(s) at ε = ∞</strong> (red cells): no privacy "
                 "for them.</p>"
             )
-    elif audit.get("central") is True:
-        every = [
-            float(x["eps"])
-            for o in audit.get("observers", [])
-            for x in o.get("losses", [])
-            if x.get("method") == method
-        ]
-        eps_c = max(every, default=ldp)
-        parts.append(
-            f"<p><strong>central DP (a trusted curator, no graph)</strong>: every user loses "
-            f"ε = {_num(eps_c)} to anyone who sees the released models; no pairs to map.</p>"
-        )
     else:
         parts.append(f'<p class="muted">no {_e(method)} losses between distinct nodes</p>')
         parts.append('<p id="hover"></p><p class="muted"><span id="cells">?</span> cells</p>')
