@@ -133,6 +133,7 @@ def _cfree(*args, cwd):
     return cfree(*args, cwd=cwd, timeout=300)
 
 
+@pytest.mark.slow  # a real 8-peer run; the attacks themselves run on in-memory runs above
 def test_cfree_attack_on_a_real_run(tmp_path):
     r = _cfree(
         "run", REPO / "examples" / "muffliato-ring.toml", "--set", "graph.nodes=10",

@@ -364,6 +364,7 @@ def test_eight_peers_on_eight_hosts_equal_the_simulator_and_the_plan(tmp_path):
     assert namespaces_of(lab.name) == []
 
 
+@pytest.mark.slow  # the quick suite keeps the lab's fault-free run and its up/down
 @needs_netns
 def test_a_cut_link_is_seen_on_both_sides_and_the_run_still_ends(tmp_path):
     """Pull node 3's cable once it reports step 2: the peers are not told anything (no reset),
@@ -549,6 +550,7 @@ def test_up_twice_is_refused_and_down_is_idempotent_and_finds_leftovers(capsys):
     assert namespaces_of(name) == []
 
 
+@pytest.mark.slow
 @needs_netns
 def test_lab_run_on_a_temporary_lab_with_a_cut(tmp_path, capsys):
     """`cfree lab run` with no lab up: brings one up for the run, cuts node 1 at step 2 as

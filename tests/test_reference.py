@@ -84,8 +84,9 @@ def test_walk_sgd_reference_is_the_noise_free_walk(capsys):
 
 @pytest.mark.parametrize(
     "name",
-    ["muffliato-gd-breast-cancer", "dsgd-breast-cancer", "decor-ring", "decor-breast-cancer",
-     "central-dp-breast-cancer", "complete-sgd", "walk-sgd"],
+    ["muffliato-gd-breast-cancer", "dsgd-breast-cancer", "decor-breast-cancer",
+     "central-dp-breast-cancer", "complete-sgd", "walk-sgd",
+     pytest.param("decor-ring", marks=pytest.mark.slow)],  # 8 s of simulation
 )  # fmt: skip
 def test_every_learning_example_prints_its_references(name, capsys):
     assert main(["simulate", str(EX / f"{name}.toml")]) == 0
@@ -94,6 +95,7 @@ def test_every_learning_example_prints_its_references(name, capsys):
     assert "trivial reference (the starting model, every parameter " in text
 
 
+@pytest.mark.slow  # simulates five examples (10 s)
 def test_learning_examples_beat_their_trivial_model():
     """The shipped examples are tuned so that their private result means something: better than
     the starting model, as the same run without noise is. (Private may edge out noise-free on
