@@ -9,6 +9,7 @@ import functools
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,25 @@ def _build() -> str:
     )
     assert r.returncode == 0 and r.stdout.startswith("cfree "), r
     return TEST_IMAGE
+
+
+def wait_for_send(vlog: Path, step: int, timeout: float, alive=lambda: True) -> None:
+    """Wait until the view log ``vlog`` (written by a container) holds a value sent at ``step``
+    or later; ``alive()`` must stay true meanwhile (it may return what to report if not)."""
+    from coordinator_free.viewlog import read_viewlog
+
+    t0 = time.monotonic()
+    while True:
+        ok = alive()
+        assert ok is True, ok
+        assert time.monotonic() - t0 < timeout, f"{vlog.name} never reached step {step}"
+        try:
+            recs = read_viewlog(vlog).records if vlog.exists() else []
+        except Exception:  # a record half-written right now: look again
+            recs = []
+        if any(x.get("k") == "send" and x.get("step", 0) >= step for x in recs):
+            return
+        time.sleep(0.2)  # the file is written in another container: no event to wait on
 
 
 def peer_image() -> str:

@@ -46,6 +46,18 @@ def assert_audit_equals_plan(rep: dict, plan, tol: float) -> dict[str, np.ndarra
     return F
 
 
+def assert_killed_node_audited(rep: dict, victim: int) -> None:
+    """The audit of a run whose node ``victim`` was killed: not fault-free, the victim named
+    unfinished, and every exact loss within local DP (computed on the realised schedule)."""
+    assert rep["fault_free"] is False
+    assert any(f["node"] == victim and f["kind"] == "unfinished" for f in rep["integrity"])
+    ldp = rep["ldp"]["rdp"]
+    for o in rep["observers"]:
+        for x in o["losses"]:
+            if x["method"] == "exact":
+                assert 0 <= x["rdp"] <= ldp * (1 + 1e-9), (o["observer"], x)
+
+
 def cfree(*args, cwd, timeout: float = 300) -> subprocess.CompletedProcess:
     """``python -m coordinator_free ARGS`` in ``cwd`` with this checkout first on the path; the
     finished process, for the test to judge."""

@@ -92,6 +92,36 @@ def add_config_args(
 _add_config_args = add_config_args
 
 
+def add_deploy_args(p) -> None:
+    """The flags `cfree k8s` and `cfree stack` share: the peers' port, when the auditor gives up
+    waiting, and JSON output."""
+    p.add_argument("--port", type=int, default=7000, help="the peers' port (default 7000)")
+    p.add_argument(
+        "--audit-after",
+        type=int,
+        metavar="SECONDS",
+        help="the auditor audits once every peer has a result, or after this long (default: "
+        "the peers' own deadline)",
+    )
+    p.add_argument("--json", action="store_true", help="print what was written as JSON")
+
+
+def deploy_config(args, command: str, carrier: str):
+    """The config of `cfree k8s` / `cfree stack` (``command``), checked for what their output
+    (``carrier``, e.g. "the manifests") can hold: a valid port, and no graph or data file."""
+    from coordinator_free import config as config_mod
+
+    cfg = config_mod.load(args.config, args.set, args.fault)
+    if not 1 <= args.port <= 65535:
+        raise CliError(f"--port {args.port} is not in 1..65535")
+    if cfg.graph.path or getattr(cfg.data, "path", None):
+        raise CliError(
+            f"cfree {command}: this config reads a file (graph.path or data.path), which "
+            f"{carrier} does not carry; use cfree compose, or a config without files"
+        )
+    return cfg
+
+
 def _emit(args, report: dict, printer) -> int:
     """JSON on stdout with --json, else the human rendering."""
     if args.json:

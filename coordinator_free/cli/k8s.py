@@ -6,8 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from coordinator_free import config as config_mod
-from coordinator_free.cli.common import CliError, add_config_args
+from coordinator_free.cli.common import CliError, add_config_args, add_deploy_args, deploy_config
 
 
 def add_parser(sub) -> None:
@@ -33,29 +32,14 @@ def add_parser(sub) -> None:
         help="the peer image the cluster pulls (default: coordinator-free-peer:latest, built "
         "from peer/Dockerfile)",
     )
-    p.add_argument("--port", type=int, default=7000, help="the peers' port (default 7000)")
     p.add_argument("--storage", default="1Gi", help="size of the run volume (default 1Gi)")
-    p.add_argument(
-        "--audit-after",
-        type=int,
-        metavar="SECONDS",
-        help="the auditor audits once every peer has a result, or after this long (default: "
-        "the peers' own deadline)",
-    )
-    p.add_argument("--json", action="store_true", help="print what was written as JSON")
+    add_deploy_args(p)
 
 
 def cmd_k8s(args) -> int:
     from coordinator_free.cluster import compose, k8s
 
-    cfg = config_mod.load(args.config, args.set, args.fault)
-    if not 1 <= args.port <= 65535:
-        raise CliError(f"--port {args.port} is not in 1..65535")
-    if cfg.graph.path or getattr(cfg.data, "path", None):
-        raise CliError(
-            "cfree k8s: this config reads a file (graph.path or data.path), which the manifests "
-            "do not carry; use cfree compose, or a config without files"
-        )
+    cfg = deploy_config(args, "k8s", "the manifests")
     try:
         info = k8s.write_k8s(
             cfg,

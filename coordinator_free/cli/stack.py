@@ -6,8 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from coordinator_free import config as config_mod
-from coordinator_free.cli.common import CliError, add_config_args
+from coordinator_free.cli.common import CliError, add_config_args, add_deploy_args, deploy_config
 
 
 def add_parser(sub) -> None:
@@ -34,7 +33,6 @@ def add_parser(sub) -> None:
         help="the peer image on every host (default: coordinator-free-peer:latest, built from "
         "peer/Dockerfile)",
     )
-    p.add_argument("--port", type=int, default=7000, help="the peers' port (default 7000)")
     p.add_argument(
         "--groups",
         type=int,
@@ -48,13 +46,7 @@ def add_parser(sub) -> None:
         type=Path,
         help="the run directory, a host path on every node (default: DIR/run)",
     )
-    p.add_argument(
-        "--audit-after",
-        type=int,
-        metavar="SECONDS",
-        help="the auditor audits once every peer has a result, or after this long (default: "
-        "the peers' own deadline)",
-    )
+    add_deploy_args(p)
     p.add_argument(
         "--audit-idle",
         type=float,
@@ -62,20 +54,12 @@ def add_parser(sub) -> None:
         help="once a peer has finished, the auditor takes peers without a result for gone "
         "when the run directory stays untouched this long (default: 3 step deadlines + 10 s)",
     )
-    p.add_argument("--json", action="store_true", help="print what was written as JSON")
 
 
 def cmd_stack(args) -> int:
     from coordinator_free.cluster import compose, stack
 
-    cfg = config_mod.load(args.config, args.set, args.fault)
-    if not 1 <= args.port <= 65535:
-        raise CliError(f"--port {args.port} is not in 1..65535")
-    if cfg.graph.path or getattr(cfg.data, "path", None):
-        raise CliError(
-            "cfree stack: this config reads a file (graph.path or data.path), which the stack "
-            "does not carry; use cfree compose, or a config without files"
-        )
+    cfg = deploy_config(args, "stack", "the stack")
     try:
         info = stack.write_stack(
             cfg,
