@@ -164,6 +164,7 @@ def test_a_run_of_another_protocol_is_refused_with_its_name(tmp_path):
         attack.check_run(tmp_path, cfg, family_of(cfg.protocol.name).make_plan(cfg))
 
 
+@pytest.mark.slow  # cfree plan --observers in subprocesses (5 s); coalitions are tested in memory
 def test_plan_observers_gives_one_row_per_source_outside_the_coalition(tmp_path):
     ring = REPO / "examples" / "muffliato-ring.toml"
     r = _cfree("plan", ring, "--set", "graph.nodes=10", "--set", "protocol.steps=3",

@@ -712,6 +712,7 @@ def test_lan_flow_on_loopback(tmp_path, capsys):
 # ------------------------------------------------------- the same through `python -m coordinator_free`
 
 
+@pytest.mark.slow  # the same flow through the library stays quick (test_lan_flow_on_loopback)
 def test_cli_lan_flow_on_loopback(tmp_path):
     """Every command as its own process, as on separate machines."""
 

@@ -309,6 +309,7 @@ def test_real_run_end_to_end(tmp_path):
     assert len(rep["files"]) == 3
 
 
+@pytest.mark.slow  # a second real run; test_real_run_end_to_end stays quick
 def test_report_audits_a_run_without_audit_json_and_refuses_one_without_logs(tmp_path, capsys):
     """A --no-audit (or LAN, or collected) run: report audits the logs first and writes
     audit.json; a changed log makes it stale (re-audited); logs gone: refused, unless
