@@ -290,3 +290,14 @@ def all_distances(g: nx.Graph) -> np.ndarray:
     adj = nx.to_scipy_sparse_array(g, nodelist=range(n), format="csr")
     d = shortest_path(adj, method="D", unweighted=True, directed=False)
     return np.where(np.isfinite(d), d, -1).astype(np.int64)
+
+
+def realised_row(row: dict[int, float], own: int, got: set[int]) -> dict[int, float]:
+    """The row of M_t a node actually applied: missed neighbours' weight moved to itself."""
+    out = {w: 0.0 for w in row}
+    for w, wt in row.items():
+        if w == own or w in got:
+            out[w] += wt
+        else:
+            out[own] += wt
+    return out

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from coordinator_free.accounting import audit
-from coordinator_free.families.averaging import accountant as gossip
+from tests import gossipviews as gossip
 
 
 def cfree_run_json(config: Path, overrides: list[str], out: Path, timeout: float = 240) -> dict:

@@ -207,8 +207,9 @@ def test_plain_gossip_is_accepted_for_muffliato_only_and_labelled_no_privacy(tmp
     with pytest.raises(ConfigError, match=r"must be in \(1e-150, 1e150\), got -1"):
         config.load(None, ["privacy.sigma=-1"])
     units = Units(alpha=2.0, delta=1e-5, sensitivity=1.0, sigma=0.0)
-    assert units.loss(0.0) == {"rdp": 0.0, "eps": 0.0}  # a view that never depends on u
-    assert units.loss(1e-6) == {"rdp": float("inf"), "eps": float("inf")}
+    zero, tiny = units.gaussian(0.0), units.gaussian(1e-6)
+    assert (zero.rdp, zero.eps) == (0.0, 0.0)  # a view that never depends on u
+    assert (tiny.rdp, tiny.eps) == (float("inf"), float("inf"))
     ring = REPO / "examples" / "muffliato-ring.toml"
     r = _cfree("plan", ring, "--set", "graph.nodes=10", "--set", "protocol.steps=3",
                "--set", "privacy.sigma=0", cwd=tmp_path)  # fmt: skip

@@ -17,9 +17,10 @@ import coordinator_free
 from coordinator_free import config
 from coordinator_free.engine.memnet import Faults, run_config
 from coordinator_free.families import family_of
-from coordinator_free.families.averaging import accountant, coalition
-from coordinator_free.families.averaging.accountant import replay
+from coordinator_free.families.averaging import coalition
 from coordinator_free.privacy import muffliato as acct
+from tests import gossipviews as accountant
+from tests.gossipviews import replay
 
 DEADLINE = 0.05
 

@@ -463,8 +463,15 @@ def audit_plan_diffs(run: RunOutput) -> list[str]:
         for u in range(rep["n"]):
             plan = cli_json([*base, "--source", str(u), "--method", method, "--json"])
             if u == 0:
-                for k in ("protocol", "alpha", "delta", "n", "steps", "ldp"):
+                for k in ("protocol", "alpha", "delta", "n", "steps"):
                     diffs += json_diff(rep[k], plan[k], f"audit.{k} vs plan({method})")
+                # The audit's local DP is the exact one; a paper plan states it in the RDP
+                # conversion of its formulas, which the audit keeps as eps_rdp.
+                ldp = rep["ldp"]
+                if method == "paper" and ldp.get("conversion") == "gaussian":
+                    ldp = {**ldp, "eps": ldp["eps_rdp"], "conversion": "rdp"}
+                    del ldp["eps_rdp"]
+                diffs += json_diff(ldp, plan["ldp"], f"audit.ldp vs plan({method})")
             want = {x["observer"]: x for x in plan["losses"]}
             assert sorted(want) == sorted(set(range(rep["n"])) - {u})
             for o in rep["observers"]:
@@ -472,7 +479,9 @@ def audit_plan_diffs(run: RunOutput) -> list[str]:
                 if v == u:
                     continue
                 (got,) = [x for x in o["losses"] if x["source"] == u and x["method"] == method]
-                for k in ("distance", "factor", "rdp", "eps"):
+                for k in ("distance", "factor", "rdp", "eps", "eps_rdp", "conversion"):
+                    if k not in got and k not in want[v]:
+                        continue
                     where = f"audit.observers[{v}] source {u} {method}.{k} vs plan"
                     diffs += json_diff(got[k], want[v][k], where)
     return diffs

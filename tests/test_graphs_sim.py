@@ -101,4 +101,4 @@ def test_missed_neighbour_falls_back_to_own_value():
     terms = mf.step_terms(row, 0, own, {1: np.array([3.0])})
     out = mf.gossip_update(terms, 1.0, None)
     assert out[0] == pytest.approx(0.5 * 1 + 0.25 * 3 + 0.25 * 1)
-    assert mf.realised_row(row, 0, {1}) == {0: 0.75, 1: 0.25, 2: 0.0}
+    assert graphs.realised_row(row, 0, {1}) == {0: 0.75, 1: 0.25, 2: 0.0}

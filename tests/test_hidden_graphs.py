@@ -19,8 +19,8 @@ from coordinator_free.accounting.audit import audit_run, plan_report
 from coordinator_free.engine.memnet import node_streams, run_config
 from coordinator_free.errors import ConfigError
 from coordinator_free.families import family_of
-from coordinator_free.families.averaging import accountant
 from coordinator_free.families.learning import secret
+from tests import gossipviews as accountant
 
 REPO = Path(coordinator_free.__file__).resolve().parents[1]
 DSGD = REPO / "examples" / "dsgd-breast-cancer.toml"

@@ -393,8 +393,8 @@ def test_everything_a_stalled_node_saw_is_audited(tmp_path):
     from memrun import write_run_dir
 
     from coordinator_free.accounting import audit
-    from coordinator_free.families.averaging import accountant as gossip
     from coordinator_free.privacy import muffliato as acct
+    from tests import gossipviews as gossip
 
     cfg = cfg_of("muffliato", "protocol.steps=10", "protocol.accelerated=false")
     victim = 5

@@ -23,11 +23,11 @@ from coordinator_free import config, graphs, seeds, sim
 from coordinator_free.accounting import audit
 from coordinator_free.cluster import local
 from coordinator_free.families import make_plan
-from coordinator_free.families.averaging import accountant as gossip
 from coordinator_free.families.randomized import protocol as rg
 from coordinator_free.privacy import muffliato as acct
 from coordinator_free.privacy import pairwise as pw
 from coordinator_free.viewlog import read_viewlog
+from tests import gossipviews as gossip
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "randomized-gossip-ring.toml"
 

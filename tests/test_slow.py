@@ -12,7 +12,7 @@ import pytest
 from coordinator_free import config, seeds, sim
 from coordinator_free.accounting import audit
 from coordinator_free.cluster import local
-from coordinator_free.families.averaging import accountant as gossip
+from tests import gossipviews as gossip
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow

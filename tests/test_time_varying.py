@@ -20,11 +20,11 @@ from netrun import assert_audit_equals_plan, cfree_run_json
 from coordinator_free import config, graphs, seeds, sim
 from coordinator_free.cluster import local
 from coordinator_free.families import make_plan
-from coordinator_free.families.averaging import accountant as gossip
 from coordinator_free.families.learning import protocol as lp
 from coordinator_free.privacy import muffliato as acct
 from coordinator_free.privacy import multiround
 from coordinator_free.viewlog import read_viewlog
+from tests import gossipviews as gossip
 
 GD = Path(__file__).resolve().parents[1] / "examples" / "muffliato-gd-breast-cancer.toml"
 N = 6

@@ -18,7 +18,7 @@ import numbers
 from pathlib import Path
 
 from coordinator_free import config as config_mod
-from coordinator_free import rundir
+from coordinator_free import graphs, rundir
 from coordinator_free.accounting import baseline
 from coordinator_free.accounting.core import (  # noqa: F401  (the accounting API in one place)
     BUDGETS,
@@ -30,6 +30,7 @@ from coordinator_free.accounting.core import (  # noqa: F401  (the accounting AP
     units_of,
     write_json,
 )
+from coordinator_free.accounting.loss import LOSS_KEYS
 from coordinator_free.families import family_of
 
 
@@ -224,16 +225,17 @@ def floor(rep: dict, fam, cfg, plan, wanted: list[int], *, failed: bool = False)
             why = own or general
         o = by_obs.get(v) or {"observer": v, "losses": []}
         have = {(x.get("source"), x.get("method")): x for x in o["losses"]}
+        dist = graphs.distances_from(plan.graph, v)
         for x in o["losses"]:
             x["basis"] = "realised"
         for (src, m), p in ref.items():
             x = have.get((src, m))
             if x is None:
-                x = {"source": src, "method": m, **p}
+                x = {"source": src, "method": m, "distance": int(dist[src]), **p}
                 o["losses"].append(x)
             elif not _at_least(x.get("eps"), p["eps"]):
-                x["from_logs"] = {k: x.get(k) for k in ("factor", "rdp", "eps")}
-                x.update(factor=p["factor"], rdp=p["rdp"], eps=p["eps"])
+                x["from_logs"] = {k: x.get(k) for k in LOSS_KEYS if k in x}
+                x.update({k: p[k] for k in LOSS_KEYS if k in p})
             elif basis != "worst-case":
                 continue
             x["basis"] = basis
@@ -241,10 +243,62 @@ def floor(rep: dict, fam, cfg, plan, wanted: list[int], *, failed: bool = False)
         o["losses"].sort(key=lambda x: (x.get("source", -1), str(x.get("method"))))
         out.append(o)
     rep["observers"] = out
+    _floor_headlines(rep, fam, cfg, plan, general)
     rep["conservative"] = True
     rep["fault_free"] = False
     rep["complete"] = False
     return rep
+
+
+#: Report keys that are not headline figures (the per-pair entries are floored above).
+_NOT_HEADLINES = frozenset({"observers", "integrity", "notes", "faults", "walks", "realised"})
+
+
+def _floor_headlines(rep: dict, fam, cfg, plan, why: str) -> None:
+    """Raise every headline figure of an audit (DECOR's SecLDP guarantee, the local-DP line,
+    any block the plan report has too) to at least the plan's: the same rule as the pairwise
+    entries, for the figures a report prints on their own."""
+    try:
+        ref = fam.plan_report(cfg, plan, source=None, method="exact")
+    except Exception as exc:  # noqa: BLE001 - then the headlines cannot be vouched for
+        rep.setdefault("notes", []).append(
+            {
+                "kind": "headlines-not-floored",
+                "message": f"the plan's headline figures could not be computed ({exc}); the "
+                "headline figures of this audit come from damaged logs",
+            }
+        )
+        return
+    for key, block in rep.items():
+        if key not in _NOT_HEADLINES and isinstance(block, dict) and isinstance(ref.get(key), dict):
+            _floor_block(block, ref[key], why)
+
+
+def _floor_block(block: dict, ref: dict, why: str) -> None:
+    """``block`` raised to ``ref`` where ``ref`` gives a larger eps: a loss below the plan's
+    takes the plan's whole loss (its eps, rdp, rho, conversions: one consistent figure), keeps
+    its own under ``from_logs`` and says why; lists of eps (one per node) are raised element by
+    element; nested blocks likewise."""
+    for key, value in list(block.items()):
+        r = ref.get(key)
+        if isinstance(value, dict) and isinstance(r, dict):
+            _floor_block(value, r, why)
+        elif key.endswith("eps") and isinstance(value, list) and isinstance(r, list):
+            if len(r) == len(value):
+                block[key] = [a if _at_least(a, b) else b for a, b in zip(value, r, strict=True)]
+    if _num(ref.get("eps")) and not _at_least(block.get("eps"), ref["eps"]):
+        block["from_logs"] = {k: v for k, v in block.items() if not isinstance(v, dict | list)}
+        block.update({k: v for k, v in ref.items() if not isinstance(v, dict | list)})
+        block["basis"] = "plan"
+        block["why"] = why
+    for key, value in list(block.items()):
+        r = ref.get(key)
+        if key.startswith("eps") and key != "eps" and _num(r) and not _at_least(value, r):
+            block[key] = r  # a conversion beside the eps (eps_rdp, eps_paper...)
+
+
+def _num(x) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
 
 
 def _at_least(have, want: float) -> bool:
@@ -362,7 +416,9 @@ def against_ldp(rep: dict, target_eps: float) -> dict:
     sens, alpha, delta = rep["sensitivity"], rep.get("alpha", 2.0), rep["delta"]
 
     def ldp_eps(s: float) -> float:
-        return Units(alpha=alpha, delta=delta, sensitivity=sens, sigma=s).loss(factor)["eps"]
+        # Local DP in the conversion the report's local DP uses.
+        units = Units(alpha=alpha, delta=delta, sensitivity=sens, sigma=s)
+        return units.method("exact" if ldp.get("conversion") == "gaussian" else "paper")(factor).eps
 
     ldp_sigma = smallest_sigma(ldp_eps, target_eps, sens)
     ratio = sigma / ldp_sigma

@@ -106,10 +106,10 @@ def report(
     losses are not all Gaussian passes ``entries`` (per node ``{"factor", "rdp", "eps"}``,
     factor and rdp None for an eps-only bound) and its ``ldp`` entry instead."""
     units = units_of(plan)
-    if entries is None:
-        entries = [{"factor": float(x), **units.loss(float(x))} for x in f]
+    if entries is None:  # a linear-Gaussian view: its exact profile
+        entries = [units.gaussian(float(x)).entry() for x in f]
     if ldp is None:
-        ldp = {"factor": ldp_factor, **units.loss(ldp_factor)}
+        ldp = units.gaussian(ldp_factor).entry()
     hops = nx.multi_source_dijkstra_path_length(plan.graph, set(members))
     rows = [
         {"observers": members, "source": u, "distance": int(hops.get(u, -1)), **entries[u]}

@@ -6,8 +6,8 @@ Both plans and audits produce per-pair losses u -> v in the same units:
 
 * ``factor``: the multiplier of the local-DP loss, in [0, 1] for ``exact``;
 * ``rdp``: the Rényi divergence at the config's order alpha, alpha * Delta^2 / (2 sigma^2) * factor;
-* ``eps``: the (eps, delta)-DP value at the config's delta, from the improved RDP conversion
-  optimised over alpha (the RDP curve of a linear-Gaussian view is linear in alpha).
+* ``eps``: the (eps, delta)-DP value at the config's delta, made by ``accounting.loss`` (the
+  exact Gaussian profile of a Gaussian view, else the named conversion of a bound).
 
 Nothing here names a family: each family's accountant (``families/<family>/accountant.py``)
 builds on it, and ``accounting.audit`` reaches the families through the registry.
@@ -15,7 +15,6 @@ builds on it, and ``accounting.audit`` reaches the families through the registry
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from coordinator_free import rundir
+from coordinator_free.accounting.loss import Units
 from coordinator_free.errors import AuditError
-from coordinator_free.privacy import rdp as rdp_mod
 from coordinator_free.viewlog import read_viewlog
 
 __all__ = [
@@ -44,40 +43,6 @@ METHODS = ("exact", "paper")
 
 
 BUDGETS = ("worst", "mean")
-
-
-@dataclass(frozen=True)
-class Units:
-    alpha: float
-    delta: float
-    sensitivity: float
-    sigma: float
-
-    @property
-    def no_privacy(self) -> bool:
-        """sigma = 0 (plain gossip): any view that depends on a source at all pins it down."""
-        return self.sigma == 0
-
-    @property
-    def ldp_rho(self) -> float:
-        if self.no_privacy:
-            return math.inf
-        return self.sensitivity**2 / (2.0 * self.sigma**2)
-
-    def loss(self, factor: float) -> dict:
-        factor = max(0.0, float(factor))
-        if factor == 0:  # the view does not depend on the source (also at sigma = 0)
-            return {"rdp": 0.0, "eps": 0.0}
-        rho = factor * self.ldp_rho
-        eps = _eps_of_rho(rho, self.delta) if math.isfinite(rho) else math.inf
-        return {"rdp": self.alpha * rho, "eps": eps}
-
-
-@functools.lru_cache(maxsize=4096)
-def _eps_of_rho(rho: float, delta: float) -> float:
-    # A root search per call; audits ask for the same few values (a fault-free factor, local
-    # DP) over and over.
-    return rdp_mod.eps_from_rho(rho, delta)[0]
 
 
 def units_of(plan) -> Units:

@@ -235,7 +235,9 @@ def print_secldp(rep: dict) -> None:
     e, p = s["exact"], s["paper"]
     print(
         f"SecLDP against {s['adversary']} (a_{s['collusion']} = {fmt(s['algebraic_connectivity'])}):"
-        f"  exact eps = {fmt(e['eps'])} (worst node {e['worst_node']}; paper's conversion "
-        f"{fmt(e['eps_paper'])}, Gaussian {fmt(e['eps_gdp'])})  closed form eps = "
-        f"{fmt(p['eps'])} (paper's conversion {fmt(p['eps_paper'])})"
+        f"  exact eps = {fmt(e['eps'])} (worst node {e['worst_node']}; the Gaussian profile of "
+        f"its view; RDP conversion {fmt(e['eps_rdp'])}, paper's conversion "
+        f"{fmt(e['eps_paper'])})  closed form eps = {fmt(p['eps'])} (RDP conversion; paper's "
+        f"conversion {fmt(p['eps_paper'])})"
+        + (f"  [{s['basis']}: {s['why']}]" if s.get("basis") == "plan" else "")
     )

@@ -228,11 +228,7 @@ class Family:
         """What a trained model is judged against (``families/learning/reference.py``): the
         same config without noise and the trivial model; None when the protocol learns no
         model (an estimate is judged against the truth its results carry)."""
-        if not self.learns(cfg):
-            return None
-        from coordinator_free.families.learning.reference import final_average, references
-
-        return references(cfg, lambda c: final_average(self.simulate(c)))
+        return None
 
     def print_simulation(self, out: dict) -> None:
         self._render("print_simulation")(out)

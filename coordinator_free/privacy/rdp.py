@@ -32,6 +32,7 @@ __all__ = [
     "rdp_from_rho",
     "eps_from_rho",
     "eps_from_rdp_curve",
+    "eps_from_rho_orders",
     "eps_mironov",
     "eps_gaussian",
     "delta_gaussian",
@@ -112,6 +113,24 @@ def eps_from_rho(rho: float, delta: float) -> tuple[float, float]:
     a_star = max(a_star, 1.0 + 1e-300)
     eps = _improved(rho * a_star, a_star, log_delta)
     return max(0.0, eps), float(a_star)
+
+
+def eps_from_rho_orders(rho: float, delta: float, alpha_max: float) -> tuple[float, float]:
+    """(eps, order) for RDP(alpha) = rho * alpha known to hold only for 1 < alpha <= alpha_max
+    (a theorem's condition): the improved conversion minimised over that interval. The
+    objective decreases up to the unconstrained optimum alpha* and increases after it
+    (:func:`eps_from_rho`), so the constrained optimum is min(alpha*, alpha_max)."""
+    _check_rho(rho)
+    _check_delta(delta)
+    if not alpha_max > 1.0:
+        raise ValueError(f"alpha_max must be > 1, got {alpha_max!r}")
+    eps, a_star = eps_from_rho(rho, delta)
+    if a_star <= alpha_max or rho == 0.0:
+        return eps, a_star
+    if math.isinf(rho):
+        return math.inf, float(alpha_max)
+    e = _improved(rho * alpha_max, alpha_max, math.log(delta))
+    return max(0.0, e), float(alpha_max)
 
 
 def eps_from_rdp_curve(

@@ -3,42 +3,37 @@ Chebyshev-accelerated)."""
 
 from __future__ import annotations
 
+from coordinator_free.accounting import gossip
 from coordinator_free.families import catalog
 from coordinator_free.families.base import Family
 
 
 class Gossip:
     """What the protocols built on gossip steps (averaging, randomized gossip, learning) share:
-    plan, audit and calibration by the exact joint-view accountant and the papers' formulas
-    (``families/averaging/accountant.py``), and the gossip rendering
+    plan, audit and calibration by the gossip accountant (``accounting/gossip.py``) over the
+    family's views (its ``accountant.py``: what an observer sees), and the gossip rendering
     (``families/averaging/render.py``), from which a family's ``render_from`` takes the
     functions it prints differently."""
 
-    def plan_report(self, cfg, plan, *, source, method):
-        from coordinator_free.families.averaging import accountant
+    def views(self) -> gossip.Views:
+        """What the family's observers see (its ``accountant.VIEWS``)."""
+        raise NotImplementedError(f"{self}: views")
 
-        return accountant.plan_report(cfg, plan, source=source, method=method)
+    def plan_report(self, cfg, plan, *, source, method):
+        return gossip.plan_report(self.views(), cfg, plan, source=source, method=method)
 
     def audit(self, run_dir, cfg, plan, observers):
-        from coordinator_free.families.averaging import accountant
-
-        return accountant.audit_run(run_dir, cfg, plan, observers)
+        return gossip.audit_run(self.views(), run_dir, cfg, plan, observers)
 
     def planned_losses(self, cfg, plan, observers):
-        from coordinator_free.families.averaging import accountant
-
-        return accountant.planned_losses(cfg, plan, observers)
+        return gossip.planned_losses(self.views(), cfg, plan, observers)
 
     def worst_case_losses(self, cfg, plan, observers):
-        from coordinator_free.families.averaging import accountant
-
-        return accountant.worst_case_losses(cfg, plan, observers)
+        return gossip.worst_case_losses(self.views(), cfg, plan, observers)
 
     def calibrate(self, cfg, target_eps, *, method, budget, **opts):
-        from coordinator_free.families.averaging import accountant
-
-        return accountant.calibrate(
-            cfg, target_eps, method=method, budget=budget, make_plan=self.make_plan
+        return gossip.calibrate(
+            self.views(), cfg, target_eps, method=method, budget=budget, make_plan=self.make_plan
         )
 
     # -------------------------------------------------------------- rendering (CLI output)
@@ -57,6 +52,11 @@ class Averaging(Gossip, Family):
 
     def dropout(self, cfg) -> bool:
         return True
+
+    def views(self):
+        from coordinator_free.families.averaging.accountant import VIEWS
+
+        return VIEWS
 
     def banner(self, cfg, plan):
         from coordinator_free.families.averaging.render import banner

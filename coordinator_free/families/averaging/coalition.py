@@ -20,8 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
+from coordinator_free.accounting import gossip
 from coordinator_free.accounting.coalition import audited, inconsistent, members_of, report
 from coordinator_free.accounting.core import AuditError
+from coordinator_free.families.averaging import accountant as averaging_views
 from coordinator_free.families.averaging import protocol as mf
 from coordinator_free.privacy import muffliato as acct
 
@@ -57,12 +59,12 @@ def plan_factors(plan, members: list[int], notes: list | None = None) -> np.ndar
     _check_plan(plan)
     if not getattr(plan, "dropped", ()):
         return acct.coalition_factors(plan.W, plan.steps, members)
-    from coordinator_free.families.averaging.accountant import planned_schedule
-
     received = {
         a: [(t, w) for t in range(plan.steps) for w in plan.partners_at(a, t)] for a in members
     }
-    return _schedule_factors(plan, planned_schedule(plan), members, received, notes or [])
+    return _schedule_factors(
+        plan, averaging_views.planned_schedule(plan), members, received, notes or []
+    )
 
 
 def plan_report(cfg, plan, observers) -> dict:
@@ -79,11 +81,9 @@ def plan_report(cfg, plan, observers) -> dict:
 def audit_report(run_dir: Path, cfg, plan, observers) -> dict:
     """``cfree audit --observers``: the coalition's loss for the schedule its members' logs
     show (the plan's when the run was fault-free)."""
-    from coordinator_free.families.averaging.accountant import replay
-
     _check_plan(plan)
     members = members_of(observers, plan.n)
-    rp = replay(run_dir, plan)
+    rp = gossip.replay(run_dir, plan, averaging_views.VIEWS)
     notes: list = []
     received = {a: sorted(rp.received[a]) for a in members if a in rp.logged}
     f, fields = audited(

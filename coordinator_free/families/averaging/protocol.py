@@ -231,16 +231,5 @@ def step_terms(
     return out
 
 
-def realised_row(row: dict[int, float], own: int, got: set[int]) -> dict[int, float]:
-    """The row of M_t a node actually applied: missed neighbours' weight moved to itself."""
-    out = {w: 0.0 for w in row}
-    for w, wt in row.items():
-        if w == own or w in got:
-            out[w] += wt
-        else:
-            out[own] += wt
-    return out
-
-
 def steps_per_second(steps: int, seconds: float) -> float:
     return steps / seconds if seconds > 0 else math.inf

@@ -16,6 +16,7 @@ import numpy as np
 from coordinator_free.accounting import baseline
 from coordinator_free.accounting import render as _generic_audit
 from coordinator_free.accounting.render import capped, fmt, print_baseline, print_central, table
+from coordinator_free.ml.reference import lines as reference_lines
 
 # ------------------------------------------------------------------------------------ plan
 
@@ -250,8 +251,6 @@ def print_footer(
 ) -> None:
     """The end of every run summary: the references a trained model is judged against, the
     simulator comparison, the compact audit, the run dir."""
-    from coordinator_free.families.learning.reference import lines as reference_lines
-
     for line in reference_lines(summary.get("reference")):
         print(line)
     d = summary["simulator_max_abs_diff"]

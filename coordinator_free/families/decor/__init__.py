@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from coordinator_free.families import catalog
 from coordinator_free.families.base import Family
+from coordinator_free.families.learning import Learning
 
 
 class Decor(Family):
@@ -21,6 +22,9 @@ class Decor(Family):
 
     def learns(self, cfg) -> bool:
         return True
+
+    # A trained model, judged as learning's are.
+    reference = Learning.reference
 
     def sensitivity(self, cfg) -> float:
         return 2.0 * cfg.protocol.clip

@@ -32,16 +32,14 @@ import networkx as nx
 import numpy as np
 
 from coordinator_free import graphs
+from coordinator_free.accounting import loss, summary
 from coordinator_free.accounting.core import (
     AuditError,
-    argmax_tied,
     read_logs,
     scan_exchanges,
     units_of,
 )
-from coordinator_free.families.averaging.accountant import ldp_baseline, summarise
 from coordinator_free.privacy import decor as dacct
-from coordinator_free.privacy import rdp
 from coordinator_free.viewlog import value_digest
 
 if TYPE_CHECKING:
@@ -61,19 +59,28 @@ def accounting_note(plan) -> str:
     )
 
 
+def ldp_baseline(plan, method: str = "exact") -> dict:
+    """Local DP over the run: R rounds of a Gaussian mechanism at sigma."""
+    return units_of(plan).method(method)(float(plan.rounds)).entry()
+
+
 def secldp_block(plan, rho_exact: np.ndarray, rho_paper: float, a_q: float) -> dict:
-    """The guarantee at collusion level q: the worst user, with the three conversions."""
-    (worst,) = argmax_tied(rho_exact)
+    """The guarantee at collusion level q: the worst user, exact (the Gaussian profile of its
+    view) and the closed form (a Renyi bound), each with the other conversions beside it."""
     return {
         "collusion": plan.collusion,
         "adversary": "external eavesdropper"
         if plan.collusion == 0
         else f"any {plan.collusion} colluding user(s) seeing every message",
         "algebraic_connectivity": a_q,
-        "exact": {"worst_node": worst, **dacct.conversions(float(rho_exact[worst]), plan.delta)},
-        "paper": dacct.conversions(float(rho_paper), plan.delta),
-        "per_node_eps": [rdp.eps_from_rho(float(r), plan.delta)[0] for r in np.asarray(rho_exact)],
+        **summary.guarantee(rho_exact, rho_paper, plan.delta, plan.alpha),
     }
+
+
+def summarise(plan, F: np.ndarray, method: str) -> dict:
+    return summary.of_factors(
+        F, graphs.all_distances(plan.graph), units_of(plan).method(method), float(plan.rounds)
+    )
 
 
 def plan_pairwise(plan, method: str, curious: dacct.SpectralGraph | None = None) -> np.ndarray:
@@ -144,7 +151,7 @@ def plan_report(cfg: Config, plan, *, source: int | None, method: str) -> dict:
         "sigma_cor": plan.sigma_cor,
         "collusion": q,
         "sensitivity": plan.sensitivity,
-        "ldp": ldp_baseline(plan),
+        "ldp": ldp_baseline(plan, method),
         "gamma_w": dacct.gamma_w(plan.W, plan.graph),
         "secldp": secldp_block(plan, rho_exact, rho_paper, a_q),
         "accounting": accounting_note(plan),
@@ -157,13 +164,12 @@ def plan_report(cfg: Config, plan, *, source: int | None, method: str) -> dict:
             raise AuditError(f"--source {source} is not a node id (0..{plan.n - 1})")
         dist = graphs.distances_from(plan.graph, source)
         losses = [
-            {"observer": v, "distance": int(dist[v]), "factor": float(F[v, source]),
-             **u.loss(float(F[v, source]))}
+            u.method(method)(float(F[v, source])).entry(observer=v, distance=int(dist[v]))
             for v in range(plan.n)
             if v != source
-        ]  # fmt: skip
+        ]
         return {**base, "source": source, "losses": losses}
-    return {**base, "source": None, **summarise(plan, F, u)}
+    return {**base, "source": None, **summarise(plan, F, method)}
 
 
 def planned_losses(cfg: Config, plan, observers) -> dict[int, dict]:
@@ -176,8 +182,7 @@ def planned_losses(cfg: Config, plan, observers) -> dict[int, dict]:
         for v, cells in out.items():
             for src in range(plan.n):
                 if src != v:
-                    f = float(F[v, src])
-                    cells[(src, m)] = {"factor": f, **u.loss(f)}
+                    cells[(src, m)] = u.method(m)(float(F[v, src])).entry()
     return out
 
 
@@ -189,16 +194,9 @@ def worst_case_losses(cfg: Config, plan, observers) -> dict[int, dict]:
     to the adversary, or no pair at all): the correlated noise only ever adds to sigma's, so no
     realised set of pairs, drops or colluders can cost the source more in a round (both the
     ``exact`` [Sigma_H^-1]_ii and the closed form are at most Delta^2 / (2 sigma^2))."""
-    cap = ldp_baseline(plan)
+    cap = {m: ldp_baseline(plan, m) for m in ("exact", "paper")}
     return {
-        v: {
-            key: {
-                "factor": max(x["factor"], cap["factor"]),
-                "rdp": max(x["rdp"], cap["rdp"]),
-                "eps": max(x["eps"], cap["eps"]),
-            }
-            for key, x in cells.items()
-        }
+        v: {key: loss.at_least(x, cap[key[1]]) for key, x in cells.items()}
         for v, cells in planned_losses(cfg, plan, observers).items()
     }
 
@@ -586,13 +584,7 @@ def audit_run(run_dir: Path, cfg: Config, plan, observers=None) -> dict:
             for m, F in (("exact", exact_pairs), ("paper", paper_pairs)):
                 f = float(F[v, src]) / unit
                 losses.append(
-                    {
-                        "source": src,
-                        "method": m,
-                        "distance": int(dist_all[v, src]),
-                        "factor": f,
-                        **u.loss(f),
-                    }
+                    u.method(m)(f).entry(source=src, method=m, distance=int(dist_all[v, src]))
                 )
         out_obs.append({"observer": v, "losses": losses})
     a_q = dacct.algebraic_connectivity(plan.graph, plan.collusion)

@@ -12,6 +12,11 @@ class Learning(Gossip, Family):
     name = "learning"
     protocols = catalog.LEARNING
 
+    def views(self):
+        from coordinator_free.families.learning.accountant import VIEWS
+
+        return VIEWS
+
     def validate(self, cfg, source):
         from coordinator_free.families.learning.validate import validate_learning
 
@@ -19,6 +24,11 @@ class Learning(Gossip, Family):
 
     def learns(self, cfg) -> bool:
         return True
+
+    def reference(self, cfg):
+        from coordinator_free.families.learning.reference import final_average, references
+
+        return references(cfg, lambda c: final_average(self.simulate(c)))
 
     def has_peers(self, cfg) -> bool:
         return cfg.protocol.name != "central-dp"

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from coordinator_free.accounting import gossip
 from coordinator_free.accounting.coalition import audited, inconsistent, members_of, report
+from coordinator_free.families.learning import accountant as learning_views
 from coordinator_free.privacy import multiround
 
 
@@ -85,15 +87,13 @@ def plan_report(cfg, plan, observers) -> dict:
 def audit_report(run_dir: Path, cfg, plan, observers) -> dict:
     """The same for the schedule the logs show; a member without a usable log puts every
     source at R-fold local DP, and a damaged log anywhere floors each loss at the plan."""
-    from coordinator_free.families.averaging.accountant import replay
-
     members = members_of(observers, plan.n)
     notes: list = []
     if not plan.decentralized:  # no peers, no logs: the released model is seen by everyone
         rep = _report(cfg, plan, members, plan_factors(plan, members, notes), notes)
         rep.update(run_dir=str(run_dir), fault_free=True, complete=True, basis="plan", integrity=[])
         return rep
-    rp = replay(run_dir, plan)
+    rp = gossip.replay(run_dir, plan, learning_views.VIEWS)
     seen = rp.plan  # hidden graphs: as the logs show them
     K = plan.gossip_steps
     schedule = [rp.steps[r * K : (r + 1) * K] for r in range(plan.rounds)]

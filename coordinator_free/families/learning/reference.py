@@ -20,7 +20,7 @@ import dataclasses
 
 import numpy as np
 
-__all__ = ["final_average", "lines", "noise_free_config", "references", "trivial"]
+__all__ = ["final_average", "noise_free_config", "references", "trivial"]
 
 
 def noise_free_config(cfg):
@@ -63,25 +63,3 @@ def references(cfg, final_quality) -> dict:
         "noise_free": {"test_accuracy": acc, "test_loss": loss},
         "trivial": trivial(make_task(cfg)),
     }
-
-
-def _quality(acc, loss) -> str:
-    from coordinator_free.accounting.render import fmt
-
-    head = "" if acc is None else f"test acc {acc:.4f}, "
-    return f"{head}test loss {fmt(loss)}"
-
-
-def lines(ref: dict | None) -> list[str]:
-    """The references for people, one line each (nothing when there are none)."""
-    if not ref:
-        return []
-    nf, tr = ref["noise_free"], ref["trivial"]
-    trivial_what = f"the starting model, every parameter {tr['start']:g}" + (
-        f"; always label {tr['majority_label']}" if "majority_label" in tr else ""
-    )
-    return [
-        "reference without noise (same run, sigma = 0): "
-        + _quality(nf["test_accuracy"], nf["test_loss"]),
-        f"trivial reference ({trivial_what}): " + _quality(tr["test_accuracy"], tr["test_loss"]),
-    ]

@@ -10,7 +10,7 @@ import numpy as np
 from coordinator_free.accounting import baseline
 from coordinator_free.accounting.render import fmt, table
 from coordinator_free.families.averaging import render as gossip
-from coordinator_free.families.learning.reference import lines as reference_lines
+from coordinator_free.ml.reference import lines as reference_lines
 from coordinator_free.rundir import models_path
 
 

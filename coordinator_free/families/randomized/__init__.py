@@ -11,6 +11,11 @@ class Randomized(Gossip, Family):
     name = "randomized"
     protocols = catalog.RANDOMIZED
 
+    def views(self):
+        from coordinator_free.families.randomized.accountant import VIEWS
+
+        return VIEWS
+
     clocks = True
 
     def validate(self, cfg, source):

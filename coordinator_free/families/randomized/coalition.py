@@ -11,7 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
+from coordinator_free.accounting import gossip
 from coordinator_free.accounting.coalition import audited, inconsistent, members_of, report
+from coordinator_free.families.randomized import accountant as randomized_views
 from coordinator_free.families.randomized import protocol as rg
 from coordinator_free.privacy import muffliato as acct
 from coordinator_free.privacy import pairwise as pw
@@ -52,10 +54,8 @@ def plan_report(cfg, plan, observers) -> dict:
 def audit_report(run_dir: Path, cfg, plan, observers) -> dict:
     """The same for the exchanges the logs show; a member without a usable log puts every source
     at local DP, and a damaged log anywhere floors each loss at the plan."""
-    from coordinator_free.families.averaging.accountant import replay
-
     members = members_of(observers, plan.n)
-    rp = replay(run_dir, plan)
+    rp = gossip.replay(run_dir, plan, randomized_views.VIEWS)
     notes: list = []
     exchanges = [
         (e.a, e.b, bool(rp.steps[e.t][0][e.a, e.b] != 0.0), bool(rp.steps[e.t][0][e.b, e.a] != 0.0))

@@ -33,10 +33,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from coordinator_free import graphs, seeds
-from coordinator_free.accounting import baseline
+from coordinator_free.accounting import loss, summary
 from coordinator_free.accounting.core import (
     AuditError,
-    Units,
     argmax_tied,
     read_logs,
     smallest_sigma,
@@ -50,26 +49,23 @@ if TYPE_CHECKING:
 METHODS = ("exact", "paper")
 
 
-class WalkUnits(Units):
-    """The gossip units (factor -> rdp, eps) plus the records of eps-only bounds."""
-
-    @property
-    def rho(self) -> float:
-        return self.ldp_rho
-
-    def gaussian(self, factor: float) -> dict:
-        """A linear RDP curve alpha * rho * factor: factor, rdp at alpha, eps at delta."""
-        return {"factor": float(factor), **self.loss(factor)}
-
-    @staticmethod
-    def eps_only(eps: float) -> dict:
-        return {"factor": None, "rdp": None, "eps": float(eps)}
-
-
-def units_of(plan: wk.WalkPlan) -> WalkUnits:
-    return WalkUnits(
+def units_of(plan: wk.WalkPlan) -> loss.Units:
+    return loss.Units(
         alpha=plan.alpha, delta=plan.delta, sensitivity=plan.sensitivity, sigma=plan.sigma
     )
+
+
+def converter(plan: wk.WalkPlan):
+    """factor -> Loss of the walk's ``exact`` view: a sum's view is a Gaussian mechanism (its
+    exact profile); SGD's is privacy amplification by iteration, a Renyi bound (the RDP
+    conversion)."""
+    u = units_of(plan)
+    return u.gaussian if plan.kind == "sum" else u.rdp_bound
+
+
+def eps_only(eps: float) -> dict:
+    """The entry of an eps-only bound (a theorem or a shuffle bound in eps)."""
+    return loss.eps_only(eps).entry()
 
 
 # ------------------------------------------------------------------------------ realised walks
@@ -169,18 +165,17 @@ def contributions_bound(plan: wk.WalkPlan) -> float:
 def ldp_baseline(plan: wk.WalkPlan) -> dict:
     """What every node's contributions would cost if every observer saw each of them."""
     N = contributions_bound(plan)
-    u = units_of(plan)
     if plan.kind == "histogram":
         k = max(1, int(np.ceil(N)))
         eps = min(k * plan.eps0, acct.advanced_composition(plan.eps0, k, plan.delta))
-        return {"contributions": N, **u.eps_only(eps)}
-    return {"contributions": N, **u.gaussian(N)}
+        return loss.eps_only(eps).entry(contributions=N)
+    return converter(plan)(N).entry(contributions=N)
 
 
 def paper_eps(plan: wk.WalkPlan, *, sender_known: bool = True) -> tuple[np.ndarray, dict]:
     """The theorem of the protocol's paper, eps[v, u] (observer, source), and its details."""
     n, d, tok = plan.n, plan.delta, plan.tokens
-    rho = units_of(plan).rho
+    rho = units_of(plan).ldp_rho
     cap = plan.cap * tok if plan.cap else None
     if plan.protocol == "ring-sum":
         res = acct.ring_sum_theorem1(n, plan.cycles * tok, rho, d)
@@ -281,21 +276,21 @@ def _hops_only(plan: wk.WalkPlan, token: int, streams) -> wk.TokenTrace:
 
 def exact_losses(plan: wk.WalkPlan, walks: list[RealisedWalk], observers) -> dict[int, list]:
     """Per observer, per source: the loss record of method ``exact``."""
-    u = units_of(plan)
+    convert = _cached(converter(plan))
     out = {}
     for v in observers:
         if plan.kind == "histogram":
             E = realised_hist_eps(plan, walks, v)
-            out[v] = [u.eps_only(E[src]) for src in range(plan.n)]
+            out[v] = [eps_only(E[src]) for src in range(plan.n)]
         else:
             F = realised_factors(plan, walks, v)
-            out[v] = [_gaussian_cached(u, float(F[src])) for src in range(plan.n)]
+            out[v] = [convert(float(F[src])).entry() for src in range(plan.n)]
     return out
 
 
-@functools.lru_cache(maxsize=65536)
-def _gaussian_cached(u: WalkUnits, factor: float) -> dict:
-    return u.gaussian(factor)
+def _cached(convert):
+    """``convert`` remembered per factor (a walk's factors repeat across pairs)."""
+    return functools.lru_cache(maxsize=65536)(convert)
 
 
 def plan_report(cfg: Config, plan: wk.WalkPlan, *, source: int | None, method: str) -> dict:
@@ -322,8 +317,7 @@ def plan_report(cfg: Config, plan: wk.WalkPlan, *, source: int | None, method: s
     if method == "paper":
         E, details = paper_eps(plan)
         base["theorem"] = details
-        cells = {(v, src): WalkUnits.eps_only(E[v, src]) for v in range(plan.n)
-                 for src in range(plan.n)}  # fmt: skip
+        cells = {(v, src): eps_only(E[v, src]) for v in range(plan.n) for src in range(plan.n)}
     else:
         walks = sampled_walks(cfg, plan)
         obs = range(plan.n)
@@ -333,7 +327,7 @@ def plan_report(cfg: Config, plan: wk.WalkPlan, *, source: int | None, method: s
         base["hidden_sender"] = {
             "note": "the paper's bound if the receiver did not learn who sent it the token "
             "(it does over TCP): for comparison only",
-            **_eps_stats(plan, hidden),
+            **summary.eps_stats(hidden),
         }
     dist = graphs.all_distances(plan.graph)
     if source is not None:
@@ -345,59 +339,10 @@ def plan_report(cfg: Config, plan: wk.WalkPlan, *, source: int | None, method: s
             if v != source
         ]
         return {**base, "source": source, "losses": losses}
-    return {**base, "source": None, **summarise(plan, cells, dist)}
-
-
-def _eps_stats(plan: wk.WalkPlan, E: np.ndarray) -> dict:
-    off = ~np.eye(plan.n, dtype=bool)
-    v, u = argmax_tied(np.where(off, E, -np.inf))
     return {
-        "worst_pair": {"source": int(u), "observer": int(v), "eps": float(E[v, u])},
-        "mean_over_pairs": {"eps": float(E[off].mean())},
-    }
-
-
-def summarise(plan: wk.WalkPlan, cells: dict, dist: np.ndarray) -> dict:
-    """By distance (mean/max of factor, rdp, eps where defined), the worst pair, the mean."""
-    n = plan.n
-    rows = []
-    ldp_eps = ldp_baseline(plan)["eps"]
-    for d in sorted({int(dist[v, u]) for v in range(n) for u in range(n) if u != v}):
-        xs = [cells[(v, u)] for v in range(n) for u in range(n) if u != v and dist[v, u] == d]
-
-        def stat(key: str, f, xs=xs):
-            vals = [x[key] for x in xs]
-            return None if any(x is None for x in vals) else float(f(vals))
-
-        rows.append(
-            {
-                "distance": d,
-                "pairs": len(xs),
-                "factor_mean": stat("factor", np.mean),
-                "factor_max": stat("factor", np.max),
-                "rdp_mean": stat("rdp", np.mean),
-                "rdp_max": stat("rdp", np.max),
-                "eps_mean": stat("eps", np.mean),
-                "eps_max": stat("eps", np.max),
-                # pairs below the local-DP loss, and above it (a paper theorem can be)
-                "amplified": sum(1 for x in xs if baseline.below(x["eps"], ldp_eps)),
-                "above_ldp": sum(1 for x in xs if baseline.above(x["eps"], ldp_eps)),
-            }
-        )
-    pairs = [(v, u) for v in range(n) for u in range(n) if u != v]
-    E = np.full((n, n), -np.inf)
-    for v, u in pairs:
-        E[v, u] = cells[(v, u)]["eps"]
-    v_w, u_w = argmax_tied(E)
-    mean_eps = float(np.mean([cells[p]["eps"] for p in pairs]))
-    facs = [cells[p]["factor"] for p in pairs]
-    mean = {"eps": mean_eps}
-    if all(f is not None for f in facs):
-        mean = {**units_of(plan).gaussian(float(np.mean(facs))), "eps_mean": mean_eps}
-    return {
-        "by_distance": rows,
-        "worst_pair": {"source": int(u_w), "observer": int(v_w), **cells[(v_w, u_w)]},
-        "mean_over_pairs": mean,
+        **base,
+        "source": None,
+        **summary.of_entries(cells, plan.n, dist, base["ldp"]["eps"], converter(plan)),
     }
 
 
@@ -418,7 +363,7 @@ def planned_losses(cfg: Config, plan: wk.WalkPlan, observers) -> dict[int, dict]
             if src == v:
                 continue
             cells[(src, "exact")] = _loss_entry(exact[v][src])
-            cells[(src, "paper")] = WalkUnits.eps_only(E_paper[v, src])
+            cells[(src, "paper")] = eps_only(E_paper[v, src])
         out[v] = cells
     return out
 
@@ -435,24 +380,14 @@ def worst_case_losses(cfg: Config, plan: wk.WalkPlan, observers) -> dict[int, di
     any view of the walk can give; the planned entry is kept where it is larger."""
     ldp = ldp_baseline(plan)
     return {
-        v: {key: cap_entry(x, ldp) for key, x in cells.items()}
+        v: {key: loss.at_least(x, ldp) for key, x in cells.items()}
         for v, cells in planned_losses(cfg, plan, observers).items()
     }
 
 
 def _loss_entry(x: dict) -> dict:
-    return {"factor": x.get("factor"), "rdp": x.get("rdp"), "eps": float(x["eps"])}
-
-
-def cap_entry(planned: dict, cap: dict) -> dict:
-    """The key-wise larger of a loss entry and a cap (a key the entry leaves None stays None:
-    an eps-only bound stays eps-only)."""
-    out = {}
-    for key in ("factor", "rdp"):
-        a, b = planned.get(key), cap.get(key)
-        out[key] = None if a is None else (float(a) if b is None else max(float(a), float(b)))
-    out["eps"] = max(float(planned["eps"]), float(cap["eps"]))
-    return out
+    """The loss keys of an entry (without observer, source or distance)."""
+    return {k: x[k] for k in loss.LOSS_KEYS if k in x}
 
 
 # ------------------------------------------------------------------------------ audit
@@ -869,7 +804,7 @@ def audit_run(run_dir: Path, cfg: Config, plan: wk.WalkPlan, observers=None) -> 
             else:
                 ex = worst[v][(src, "exact")]
             if v in rp.logged:
-                pa = WalkUnits.eps_only(E_paper[v, src])
+                pa = eps_only(E_paper[v, src])
             else:
                 pa = worst[v][(src, "paper")]
             for m, rec in (("exact", ex), ("paper", pa)):
@@ -934,23 +869,22 @@ def calibrate(cfg: Config, target_eps: float, *, method: str, budget: str) -> di
         walks = sampled_walks(cfg, plan)
         F = np.stack([realised_factors(plan, walks, v) for v in range(plan.n)])
 
-    def at(sigma: float) -> tuple[float, dict, dict, dict]:
+    def at(sigma: float):
         p = dataclasses.replace(plan, sigma=sigma)
-        u = units_of(p)
         # eps grows with the factor, so the worst pair is the largest factor.
         # A paper theorem above local DP is not a usable bound there: local DP is.
-        M = F if F is not None else np.minimum(paper_eps(p)[0], ldp_baseline(p)["eps"])
+        ldp = ldp_baseline(p)
+        M = F if F is not None else np.minimum(paper_eps(p)[0], ldp["eps"])
         v, s = argmax_tied(np.where(off, M, -np.inf))
         if F is not None:
-            worst, mean = u.gaussian(F[v, s]), u.gaussian(float(F[off].mean()))
+            convert = converter(p)
+            worst, mean = convert(F[v, s]), convert(float(F[off].mean()))
         else:
-            worst, mean = u.eps_only(M[v, s]), u.eps_only(float(M[off].mean()))
-        worst = {"source": int(s), "observer": int(v), **worst}
-        eps = worst["eps"] if budget == "worst" else mean["eps"]
-        return eps, worst, mean, ldp_baseline(p)
+            worst, mean = loss.eps_only(M[v, s]), loss.eps_only(float(M[off].mean()))
+        return (worst if budget == "worst" else mean).eps, worst, mean, ldp, (v, s)
 
     hi = smallest_sigma(lambda sigma: at(sigma)[0], target_eps, plan.sensitivity)
-    eps, worst, mean, ldp = at(hi)
+    eps, worst, mean, ldp, (wobs, wsrc) = at(hi)
     return {
         "protocol": plan.protocol,
         "method": method,
@@ -961,9 +895,13 @@ def calibrate(cfg: Config, target_eps: float, *, method: str, budget: str) -> di
         "sensitivity": plan.sensitivity,
         "steps": plan.hops,
         "eps": eps,
-        "binding": worst if budget == "worst" else {"mean_over_pairs": True, **mean},
-        "worst_pair": worst,
-        "mean_over_pairs": mean,
+        "binding": (
+            worst.entry(source=int(wsrc), observer=int(wobs))
+            if budget == "worst"
+            else mean.entry(mean_over_pairs=True)
+        ),
+        "worst_pair": worst.entry(source=int(wsrc), observer=int(wobs)),
+        "mean_over_pairs": mean.entry(),
         "ldp": ldp,
         "accounting": accounting_note(plan, planned=True),
     }

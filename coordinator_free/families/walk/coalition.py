@@ -34,7 +34,6 @@ def losses(
 ) -> list[dict]:
     """Per source, its ``exact`` loss entry (``factor``, ``rdp``, ``eps``) towards the coalition
     (``observe``: the steps it saw of a walk; :func:`_every_step` for a view of every value)."""
-    u = wa.units_of(plan)
     if plan.kind == "histogram":
         per_u: list[list[tuple[int, int]]] = [[] for _ in range(plan.n)]
         for w in walks:
@@ -52,7 +51,7 @@ def losses(
                 eps = acct.hist_eps(per_u[src], plan.eps0, d_shuffle, d_prime, levels=plan.levels)[
                     0
                 ]
-            out.append(u.eps_only(eps))
+            out.append(wa.eps_only(eps))
         return out
     F = np.zeros(plan.n)
     for w in walks:
@@ -63,7 +62,8 @@ def losses(
             )
         else:
             F += acct.sgd_factors(w.holders, w.data, obs, members, plan.n)
-    return [u.gaussian(float(x)) for x in F]
+    convert = wa.converter(plan)
+    return [convert(float(x)).entry() for x in F]
 
 
 def _report(cfg, plan, members, entries, notes) -> dict:

@@ -10,7 +10,7 @@ import numpy as np
 
 from coordinator_free.accounting.render import capped, fmt, table
 from coordinator_free.families.averaging import render as gossip
-from coordinator_free.families.learning.reference import lines as reference_lines
+from coordinator_free.ml.reference import lines as reference_lines
 
 
 def print_audit(rep: dict) -> None:

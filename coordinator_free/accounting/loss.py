@@ -1,0 +1,208 @@
+"""The one typed loss: how every epsilon of the project is made.
+
+A family describes what an observer sees (a view); the accountant turns the view into a
+:class:`Loss`: who observes, which source, which method, the Renyi curve (a linear one,
+``rdp(alpha) = alpha * rho``, stored as ``factor`` in units of one local-DP release) or an
+eps-only bound, the eps at delta and *how* that eps was obtained (``conversion``), where the
+number comes from (``basis``) and why. Reports are JSON, so a loss leaves as a dict
+(:meth:`Loss.entry`); nothing outside ``accounting/`` writes an ``eps`` key of its own
+(``tests/test_architecture.py`` scans for it), so every figure the CLI, the JSON, the PNGs and
+the HTML show was made here and passed through :func:`coordinator_free.accounting.audit.floor`.
+
+The conversions (``conversion`` in the JSON):
+
+* ``gaussian``: the view is a Gaussian mechanism (linear in the private inputs, Gaussian noise):
+  its exact privacy profile (Balle & Wang 2018, Thm 8) at delta, with ``mu^2 = 2 rho``. This is
+  what ``exact`` means for Muffliato, randomized gossip, GD/SGD/D-SGD over known graphs, DECOR
+  and the walks' sums. The Renyi curve stays in the entry (``factor``, ``rdp``) for composition,
+  and the RDP-converted figure stays as ``eps_rdp``: never smaller than ``eps``.
+* ``rdp``: an upper bound on the Renyi curve (a paper's formula, privacy amplification by
+  iteration) converted with the improved RDP conversion, optimised over every order.
+* ``rdp-orders``: a theorem's Renyi bound, converted at the orders its condition allows only
+  (``alpha_max``; :func:`theorem`).
+* ``bound``: an eps-only bound (shuffling, advanced composition, a theorem stated in eps).
+
+The bases (``basis`` in audits): ``realised`` (the logs), ``plan`` (the fault-free plan, where
+the logs cannot be trusted), ``worst-case`` (local DP capped: nothing is known of the
+observer), and, in plans, the method itself says whether a figure is a theorem's (``paper``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+
+from coordinator_free.privacy import rdp as rdp_mod
+
+#: How an eps was obtained from a view (module doc).
+CONVERSIONS = ("gaussian", "rdp", "rdp-orders", "bound")
+
+
+@dataclass(frozen=True)
+class Loss:
+    """One privacy loss. ``factor``: the linear Renyi curve in units of one local-DP release
+    (None for an eps-only bound); ``rdp``: the curve at the config's order; ``eps``: at the
+    config's delta, by ``conversion``; ``eps_rdp``: the improved RDP conversion of the same
+    curve where ``eps`` is the exact Gaussian profile."""
+
+    eps: float
+    conversion: str
+    factor: float | None = None
+    rdp: float | None = None
+    eps_rdp: float | None = None
+    alpha_max: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    def entry(self, **keys) -> dict:
+        """The loss as a report entry (``keys`` first: observer, source, method, distance...)."""
+        out = {**keys, "factor": self.factor, "rdp": self.rdp, "eps": self.eps}
+        if self.eps_rdp is not None:
+            out["eps_rdp"] = self.eps_rdp
+        if self.alpha_max is not None:
+            out["alpha_max"] = self.alpha_max
+        out["conversion"] = self.conversion
+        out.update(self.extra)
+        return out
+
+
+@dataclass(frozen=True)
+class Units:
+    """The units of a plan: its order alpha, delta, sensitivity and noise sigma; a factor f is
+    the linear Renyi curve ``alpha * f * Delta^2 / (2 sigma^2)``."""
+
+    alpha: float
+    delta: float
+    sensitivity: float
+    sigma: float
+
+    @property
+    def no_privacy(self) -> bool:
+        """sigma = 0 (plain gossip): any view that depends on a source at all pins it down."""
+        return self.sigma == 0
+
+    @property
+    def ldp_rho(self) -> float:
+        if self.no_privacy:
+            return math.inf
+        return self.sensitivity**2 / (2.0 * self.sigma**2)
+
+    def rho(self, factor: float) -> float:
+        factor = max(0.0, float(factor))
+        return 0.0 if factor == 0 else factor * self.ldp_rho
+
+    def gaussian(self, factor: float) -> Loss:
+        """A Gaussian mechanism whose squared Mahalanobis shift is ``2 rho(factor)``: its exact
+        (eps, delta), with the RDP-converted figure beside it."""
+        return gaussian_of_rho(self.rho(factor), self.delta, self.alpha, factor=factor)
+
+    def rdp_bound(self, factor: float) -> Loss:
+        """An upper bound ``alpha * rho(factor)`` on a Renyi curve, converted over every order."""
+        return rdp_of_rho(self.rho(factor), self.delta, self.alpha, factor=factor)
+
+    def method(self, method: str):
+        """The conversion of a linear-Gaussian family's method: ``exact`` is the view's own
+        Gaussian profile, ``paper`` a formula's Renyi bound."""
+        return self.gaussian if method == "exact" else self.rdp_bound
+
+
+def gaussian_of_rho(rho: float, delta: float, alpha: float, *, factor=None) -> Loss:
+    """A Gaussian mechanism with ``mu^2 = 2 rho``: its exact (eps, delta) (``conversion``
+    ``gaussian``), the RDP conversion beside it (``eps_rdp``)."""
+    return Loss(
+        eps=_eps_gaussian(rho, delta),
+        conversion="gaussian",
+        factor=None if factor is None else max(0.0, float(factor)),
+        rdp=alpha * rho,
+        eps_rdp=_eps_rdp(rho, delta),
+    )
+
+
+def rdp_of_rho(rho: float, delta: float, alpha: float, *, factor=None) -> Loss:
+    """A Renyi bound ``alpha * rho`` (not known to be a Gaussian mechanism), converted with the
+    improved RDP conversion over every order (``conversion`` ``rdp``)."""
+    return Loss(
+        eps=_eps_rdp(rho, delta),
+        conversion="rdp",
+        factor=None if factor is None else max(0.0, float(factor)),
+        rdp=alpha * rho,
+    )
+
+
+#: The keys of a report entry that carry a loss: what a floor or a cap compares and copies.
+LOSS_KEYS = ("factor", "rdp", "eps", "eps_rdp", "alpha_max", "conversion")
+_NUMERIC = ("factor", "rdp", "eps", "eps_rdp")
+
+
+def at_least(entry: dict, floor: dict) -> dict:
+    """The entry raised to ``floor`` key by key (factor, rdp, eps, eps_rdp: the larger; a key the
+    entry leaves None stays None, so an eps-only bound stays eps-only); the conversion is that
+    of whichever gives the eps. Other keys of ``entry`` are kept."""
+    out = dict(entry)
+    for key in _NUMERIC:
+        a, b = entry.get(key), floor.get(key)
+        if a is None or key not in entry:
+            continue
+        out[key] = float(a) if not _num(b) else max(float(a), float(b))
+    if _num(floor.get("eps")) and not (_num(entry.get("eps")) and entry["eps"] >= floor["eps"]):
+        out["eps"] = float(floor["eps"])
+        if "conversion" in floor:
+            out["conversion"] = floor["conversion"]
+    return out
+
+
+def _num(x) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def eps_only(eps: float, **extra) -> Loss:
+    """A bound stated in eps alone (no Renyi curve)."""
+    return Loss(eps=float(eps), conversion="bound", extra=extra)
+
+
+def theorem(units: Units, factor: float, alpha_max: float | None) -> Loss:
+    """A theorem's linear Renyi bound ``alpha * rho(factor)`` that holds only at orders
+    ``alpha <= alpha_max`` (its condition on sigma): converted at those orders only. With
+    ``alpha_max`` None the bound holds at every order; with ``alpha_max <= 1`` it holds at none
+    and the loss is infinite (the caller caps it at local DP, which always holds)."""
+    if alpha_max is None:
+        return units.rdp_bound(factor)
+    rho = units.rho(factor)
+    if alpha_max <= 1.0:
+        eps = math.inf if rho > 0 else 0.0
+    else:
+        eps = rdp_mod.eps_from_rho_orders(rho, units.delta, alpha_max)[0]
+    return Loss(
+        eps=eps,
+        conversion="rdp-orders",
+        factor=max(0.0, float(factor)),
+        rdp=units.alpha * rho if units.alpha <= alpha_max else math.inf,
+        alpha_max=float(alpha_max),
+    )
+
+
+@functools.lru_cache(maxsize=8192)
+def _eps_rdp(rho: float, delta: float) -> float:
+    # A root search per call; audits ask for the same few values over and over.
+    if rho == 0:
+        return 0.0
+    if not math.isfinite(rho):
+        return math.inf
+    return rdp_mod.eps_from_rho(rho, delta)[0]
+
+
+@functools.lru_cache(maxsize=8192)
+def _eps_gaussian(rho: float, delta: float) -> float:
+    if rho == 0:
+        return 0.0
+    if not math.isfinite(rho):
+        return math.inf
+    # The exact profile is never above the RDP conversion of the same curve; min() guards the
+    # last bits of the two root searches.
+    return min(rdp_mod.eps_gaussian(rho, delta), _eps_rdp(rho, delta))
+
+
+def eps_of_rho(rho: float, delta: float, *, gaussian: bool) -> float:
+    """The eps of a linear curve ``alpha * rho`` for the accountant's own searches
+    (calibration): the Gaussian profile of a Gaussian view, else the RDP conversion."""
+    return _eps_gaussian(rho, delta) if gaussian else _eps_rdp(rho, delta)
