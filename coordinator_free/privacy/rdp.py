@@ -9,6 +9,9 @@ curve) into (eps, delta)-DP:
   Steinke 2020, Prop. 12; Asoodeh et al. 2020, Eq. 20)
   ``eps = rdp(alpha) + log((alpha-1)/alpha) - (log(delta) + log(alpha))/(alpha-1)``, minimised over
   the continuous order alpha > 1. This is what the project reports.
+* :func:`eps_from_rho_restricted` - the same, with the order restricted to ``(1, alpha_max]``:
+  for a closed-form theorem that holds only at the orders its condition allows (Theorem 4/9 of
+  the Muffliato paper: ``sigma^2 >= Delta^2 alpha (alpha - 1) / 2``).
 * :func:`eps_from_rdp_curve` - the same conversion on a finite grid of orders.
 * :func:`eps_mironov` - Mironov's ``rho + 2 sqrt(rho log(1/delta))``, the conversion used in the
   Muffliato, random-walk and DECOR papers' code; kept for comparison only (it is never smaller).
@@ -31,6 +34,7 @@ __all__ = [
     "rho_from_factor",
     "rdp_from_rho",
     "eps_from_rho",
+    "eps_from_rho_restricted",
     "eps_from_rdp_curve",
     "eps_mironov",
     "eps_gaussian",
@@ -112,6 +116,30 @@ def eps_from_rho(rho: float, delta: float) -> tuple[float, float]:
     a_star = max(a_star, 1.0 + 1e-300)
     eps = _improved(rho * a_star, a_star, log_delta)
     return max(0.0, eps), float(a_star)
+
+
+def eps_from_rho_restricted(rho: float, delta: float, alpha_max: float) -> tuple[float, float]:
+    """(eps, alpha) for RDP(alpha) = rho * alpha known only for alpha in (1, alpha_max]: the
+    improved conversion of :func:`eps_from_rho` minimised over that interval only.
+
+    f is decreasing before the unconstrained optimum alpha* and increasing after it (see
+    :func:`eps_from_rho`), so the constrained optimum is ``min(alpha*, alpha_max)``. The KL
+    shortcut (eps = 0, reported order 1: the limit alpha -> 1, inside every interval) and rho = 0
+    (the views are equal: eps = 0, order 1) need no order above 1. The returned order is never
+    above ``alpha_max``. ``alpha_max = inf`` is :func:`eps_from_rho`. ``alpha_max <= 1`` (no
+    order allowed) is an error: the theorem then gives nothing and the caller must say so.
+    """
+    _check_rho(rho)
+    _check_delta(delta)
+    if math.isnan(alpha_max) or not alpha_max > 1.0:
+        raise ValueError(f"alpha_max must be > 1, got {alpha_max!r}")
+    if rho == 0.0:
+        return 0.0, 1.0
+    eps, a_star = eps_from_rho(rho, delta)
+    if a_star <= alpha_max:
+        return eps, a_star
+    eps = _improved(rho * alpha_max, alpha_max, math.log(delta))
+    return max(0.0, eps), float(alpha_max)
 
 
 def eps_from_rdp_curve(

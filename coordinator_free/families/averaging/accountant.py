@@ -34,7 +34,7 @@ from coordinator_free.families.learning import protocol as lp
 from coordinator_free.families.learning import secret
 from coordinator_free.families.randomized import protocol as rg
 from coordinator_free.privacy import muffliato as acct
-from coordinator_free.privacy import multiround
+from coordinator_free.privacy import multiround, private_graph
 from coordinator_free.privacy import pairwise as pw
 from coordinator_free.viewlog import value_digest
 
@@ -84,9 +84,10 @@ def accounting_note(plan) -> str | None:
         return (
             "secret graphs: a fresh Erdős–Rényi graph every round from pair secrets, each node "
             "knowing only its own neighbours. Before the run nobody knows the graphs: 'exact' is "
-            "then R-fold local DP (what holds for any graphs) and 'paper' Theorem 4/9 of the "
-            "Muffliato paper per round (the guarantee the secrecy buys, given its condition on "
-            "sigma). The audit reads the graphs from the logs and gives, for both methods, the "
+            "then R-fold local DP (what holds for any graphs) and so is 'paper', Theorem 4/9 of "
+            "the Muffliato paper as a per-pair worst case (any pair may be an edge in every "
+            "round); the theorem's expectation over the graphs, at the orders its condition on "
+            "sigma allows, is reported apart as 'expected'. The audit reads the graphs from the logs and gives, for both methods, the "
             "loss conditional on them, as if the observer knew them: an upper bound for an "
             "observer that does not. " + exact
         )
@@ -157,19 +158,17 @@ def plan_factors(plan, method: str, *, sources=None, observers=None) -> np.ndarr
 
 
 def _secret_plan_factors(plan, method: str, sources, observers) -> np.ndarray:
-    """Secret per-round graphs, before the run: nobody knows the graphs. ``exact`` is R-fold
-    local DP, what holds whatever the graphs turn out to be (the audit gives the loss
-    conditional on the graphs the logs show); ``paper`` is Theorem 4/9 of the Muffliato paper
-    per round at the expected degree, the guarantee the secrecy of the graphs buys (every pair,
-    since any pair may be an edge: with probability p a round's loss is local DP)."""
+    """Secret per-round graphs, before the run: nobody knows the graphs. Both methods give
+    R-fold local DP for every pair: ``exact`` because that is what holds whatever the graphs
+    turn out to be (the audit gives the loss conditional on the graphs the logs show), ``paper``
+    because it is Theorem 4/9 of the Muffliato paper as a per-pair worst case (any pair may be
+    an edge in every round, and an edge costs local DP). The theorem's expectation over the
+    graphs is not a per-pair figure: :func:`private_graph_report` gives it, labelled."""
     n_obs = plan.n if observers is None else len(observers)
     n_src = plan.n if sources is None else len(sources)
     if method == "exact":
-        per_round = 1.0
-    else:
-        p = plan.secret_p
-        per_round = p + (1.0 - p) * secret.theorem_factor(plan)
-    return np.full((n_obs, n_src), plan.rounds * per_round)
+        return np.full((n_obs, n_src), float(plan.rounds))
+    return np.full((n_obs, n_src), secret.worst_case_factor(plan))
 
 
 def planned_schedule(plan) -> list[tuple[np.ndarray, float]]:
@@ -324,6 +323,10 @@ def plan_report(cfg, plan, *, source: int | None, method: str) -> dict:
 
 
 def private_graph_factors(plan) -> np.ndarray:
+    """Theorem 4/9 per pair, ``F[v, u]`` in units of local DP: for secret graphs the per-pair
+    worst case (R-fold local DP), for public per-round graphs the theorem on the realised
+    graphs (:func:`_public_graph_factors`). The factors alone are not the theorem's eps: it
+    holds only at the orders its condition allows (:func:`private_graph_report`)."""
     if plan.secret:
         F = _secret_plan_factors(plan, "paper", None, None)
         np.fill_diagonal(F, float(plan.rounds))
@@ -335,43 +338,101 @@ def _public_graph_factors(plan) -> np.ndarray:
     """Theorem 4/9 of the Muffliato paper per round, summed over rounds (its Proposition 1 for a
     single observer): ``F[v, u] = sum_r min(1, 1 if u ~_r v else 2 K d_v^r / (n - d_v^r))`` in
     units of the local-DP loss, d_v^r = v's degree in round r's graph. Valid only for a graph
-    that is secret (each node knows only its own neighbours) and when
-    ``sigma^2 >= Delta^2 alpha (alpha - 1) / 2``; with graph.resample the rounds' graphs come
-    from a public seed, so this is the paper's comparison point, not a guarantee of the run."""
+    that is secret (each node knows only its own neighbours) and only at the orders
+    ``sigma^2 >= Delta^2 alpha (alpha - 1) / 2`` allows; with graph.resample the rounds' graphs
+    come from a public seed, so this is the paper's comparison point, not a guarantee of the
+    run."""
     n, K = plan.n, plan.gossip_steps
     out = np.zeros((n, n))
     for g in plan.round_graphs:
         adj = nx.to_numpy_array(g, nodelist=range(n), dtype=bool)
         deg = adj.sum(axis=1)
-        far = np.minimum(1.0, 2.0 * K * deg / np.maximum(n - deg, 1))
+        far = private_graph.non_adjacent_factor(n, deg, K)
         out += np.where(adj, 1.0, far[:, None])
     np.fill_diagonal(out, float(plan.rounds))
     return out
 
 
+def _theorem_loss(plan, u: Units, factor: float, a_max: float, ldp_eps: float) -> dict:
+    """A Theorem 4/9 figure: its rdp at the plan's order (None where the condition fails
+    there), its eps from the improved conversion over the allowed orders (1, a_max] only, the
+    order used, and the usable figure min(theorem, local DP) (local DP alone when no order is
+    allowed)."""
+    th = private_graph.theorem_eps(factor, u.ldp_rho, plan.delta, a_max)
+    ok = private_graph.condition_holds(plan.alpha, plan.sigma, plan.sensitivity)
+    eps = th["eps"]
+    return {
+        "factor": float(factor),
+        "rdp": plan.alpha * u.ldp_rho * float(factor) if ok else None,
+        "eps": eps,
+        "alpha": th["alpha"],
+        "eps_usable": ldp_eps if eps is None else min(float(eps), ldp_eps),
+    }
+
+
 def private_graph_report(plan, u: Units) -> dict:
-    F = private_graph_factors(plan)
-    s = summarise(plan, F, u)
-    cond = plan.sigma**2 >= plan.sensitivity**2 * plan.alpha * (plan.alpha - 1) / 2
+    """Theorem 4/9 of the Muffliato paper for per-round Erdős–Rényi graphs, evaluated only at
+    the Rényi orders its condition allows (alpha <= alpha_max). Secret graphs: the per-pair
+    worst case (R-fold local DP, every pair) under ``worst_pair`` / ``mean_over_pairs``, the
+    theorem's expectation over the graphs under ``expected``. Public graphs: the theorem on the
+    realised graphs, per pair, for comparison only."""
+    a_max = secret.theorem_alpha_max(plan)
+    cond = secret.theorem_condition(plan)
+    ldp = ldp_baseline(plan)
+    ldp_eps = float(ldp["eps"])
+    order = (
+        f"its condition {private_graph.CONDITION} allows the orders alpha <= {a_max:.4g}, "
+        "where its eps is computed"
+        if a_max > 1.0
+        else f"its condition {private_graph.CONDITION} allows no order > 1: it gives nothing"
+    )
+    common = {"condition": private_graph.CONDITION, "condition_holds": bool(cond)}
+    common["alpha_max"] = a_max
     if plan.secret:
+        R = float(plan.rounds)
+        f_far = secret.theorem_factor(plan)
+        worst = {"source": 1, "observer": 0, "factor": R, **u.loss(R)}
+        expected = _theorem_loss(plan, u, secret.expected_factor(plan), a_max, ldp_eps)
+        expected["per_round"] = {
+            "p_edge": plan.secret_p,
+            "factor_edge": 1.0,
+            "factor_not_edge": f_far,
+        }
         note = (
-            "Theorem 4/9 (private Erdős–Rényi graph): per round local DP when the pair is an "
-            f"edge (probability {plan.secret_p:g}), else min(1, 2 K d / (n - d)) at the expected "
-            f"degree d = {secret.expected_degree(plan):.3g}; summed in expectation (the 'paper' "
-            "column). A guarantee here, the graphs being secret, "
-            + ("as its condition on sigma holds" if cond else "but its condition on sigma fails")
+            "Theorem 4/9 (private Erdős–Rényi graph), a guarantee here, the graphs being secret: "
+            "per round local DP when the pair is an edge, else min(1, 2 K d / (n - d)); any pair "
+            f"may be an edge in every round, so per pair it gives R-fold local DP; {order}. "
+            f"Expected over the graphs (edge probability {plan.secret_p:g}, observer degree "
+            f"~ Bin(n - 2, p)): factor {expected['factor']:.4g}, an expectation, not a "
+            "per-pair bound"
         )
-    else:
-        note = (
-            "Theorem 4/9 (private Erdős–Rényi graph) per round, summed: valid only for secret "
-            "graphs, and these are drawn from a public seed"
-        )
+        return {
+            "note": note,
+            "secret": True,
+            **common,
+            "worst_pair": worst,
+            "mean_over_pairs": {"factor": R, **u.loss(R)},
+            "expected": expected,
+        }
+    F = private_graph_factors(plan)
+    n = plan.n
+    off = np.where(np.eye(n, dtype=bool), -np.inf, F)
+    v_w, u_w = argmax_tied(off)
+    mean_all = float(np.where(np.eye(n, dtype=bool), 0.0, F).sum() / (n * (n - 1)))
+    note = (
+        "Theorem 4/9 (private Erdős–Rényi graph) per round on the realised graphs, summed: "
+        f"valid only for secret graphs, and these are drawn from a public seed; {order}"
+    )
     return {
         "note": note,
-        "secret": bool(plan.secret),
-        "condition_holds": bool(cond),
-        "worst_pair": s["worst_pair"],
-        "mean_over_pairs": s["mean_over_pairs"],
+        "secret": False,
+        **common,
+        "worst_pair": {
+            "source": int(u_w),
+            "observer": int(v_w),
+            **_theorem_loss(plan, u, float(F[v_w, u_w]), a_max, ldp_eps),
+        },
+        "mean_over_pairs": _theorem_loss(plan, u, mean_all, a_max, ldp_eps),
     }
 
 
