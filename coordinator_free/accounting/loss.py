@@ -160,24 +160,31 @@ def eps_only(eps: float, **extra) -> Loss:
     return Loss(eps=float(eps), conversion="bound", extra=extra)
 
 
-def theorem(units: Units, factor: float, alpha_max: float | None) -> Loss:
+def theorem(units: Units, factor: float, alpha_max: float | None, *, cap: float | None = None):
     """A theorem's linear Renyi bound ``alpha * rho(factor)`` that holds only at orders
-    ``alpha <= alpha_max`` (its condition on sigma): converted at those orders only. With
-    ``alpha_max`` None the bound holds at every order; with ``alpha_max <= 1`` it holds at none
-    and the loss is infinite (the caller caps it at local DP, which always holds)."""
-    if alpha_max is None:
-        return units.rdp_bound(factor)
+    ``alpha <= alpha_max`` (its condition on sigma): converted at those orders only
+    (``conversion`` ``rdp-orders``; ``alpha``: the order used, ``alpha_max``: the condition's
+    limit). ``rdp`` at the config's order is None where the condition excludes that order. With
+    ``alpha_max <= 1`` no order is allowed: the theorem gives nothing (eps None). ``cap``: a
+    bound that always holds (local DP), giving ``eps_usable = min(eps, cap)``."""
+    factor = max(0.0, float(factor))
     rho = units.rho(factor)
-    if alpha_max <= 1.0:
-        eps = math.inf if rho > 0 else 0.0
-    else:
-        eps = rdp_mod.eps_from_rho_orders(rho, units.delta, alpha_max)[0]
+    eps = order = None
+    if alpha_max > 1.0:
+        if math.isinf(rho):
+            eps = math.inf
+        else:
+            eps, order = rdp_mod.eps_from_rho_restricted(rho, units.delta, alpha_max)
+    extra: dict = {"alpha": order}
+    if cap is not None:
+        extra["eps_usable"] = float(cap) if eps is None else min(float(eps), float(cap))
     return Loss(
         eps=eps,
         conversion="rdp-orders",
-        factor=max(0.0, float(factor)),
-        rdp=units.alpha * rho if units.alpha <= alpha_max else math.inf,
+        factor=factor,
+        rdp=units.alpha * rho if 1.0 < units.alpha <= alpha_max else None,
         alpha_max=float(alpha_max),
+        extra=extra,
     )
 
 

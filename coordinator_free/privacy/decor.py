@@ -523,7 +523,11 @@ def closed_form_rho(
     collusion: int = 0,
 ) -> float:
     """Theorem 1/6 bound: (Delta^2/2) [1/((n-q) sigma_cdp^2) + (1 - 1/(n-q))/(sigma_cdp^2 + a_q
-    sigma_cor^2)], with a_q = :func:`algebraic_connectivity` (or any lower bound on it)."""
+    sigma_cor^2)], with a_q = :func:`algebraic_connectivity` (or any lower bound on it).
+
+    Per unit order: the step is (alpha, alpha * rho)-SecRDP for every alpha > 1 (a Gaussian
+    view; the theorem has no condition on sigma or on the order), so any order may be used in
+    the conversion."""
     a, b = _sigmas(sigma_cdp, sigma_cor)
     half = _check_sensitivity(sensitivity) ** 2 / 2.0
     h = operator.index(n) - _check_collusion(collusion, operator.index(n))

@@ -338,6 +338,12 @@ def paper_factors(
 
     Raw (not capped at 1, so it can exceed the LDP loss; ``f.sum()`` equals the number of
     observed messages). Entry ``observer`` is the same raw sum; it is not a loss of anyone.
+
+    Hypotheses (Theorem 1 of the paper, and Eq. (13) per round): Assumption 1 (sensitivity
+    Delta), Gaussian noise, any gossip matrices; no condition on sigma or on the order: the
+    curve ``alpha * rho_ldp * f`` is stated for every alpha > 1, so converting it over all orders
+    is what the theorem says (its composition over messages is the step that fails for
+    correlated messages: docs/privacy.md, "Why Eq. (6) is not a bound").
     """
     ms, gs, n = _check_steps(steps)
     rec = _check_received(received, observer, n, len(ms))

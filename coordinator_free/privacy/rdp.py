@@ -9,6 +9,9 @@ curve) into (eps, delta)-DP:
   Steinke 2020, Prop. 12; Asoodeh et al. 2020, Eq. 20)
   ``eps = rdp(alpha) + log((alpha-1)/alpha) - (log(delta) + log(alpha))/(alpha-1)``, minimised over
   the continuous order alpha > 1. This is what the project reports.
+* :func:`eps_from_rho_restricted` - the same, with the order restricted to ``(1, alpha_max]``:
+  for a closed-form theorem that holds only at the orders its condition allows (Theorem 4/9 of
+  the Muffliato paper: ``sigma^2 >= Delta^2 alpha (alpha - 1) / 2``).
 * :func:`eps_from_rdp_curve` - the same conversion on a finite grid of orders.
 * :func:`eps_mironov` - Mironov's ``rho + 2 sqrt(rho log(1/delta))``, the conversion used in the
   Muffliato, random-walk and DECOR papers' code; kept for comparison only (it is never smaller).
@@ -31,8 +34,8 @@ __all__ = [
     "rho_from_factor",
     "rdp_from_rho",
     "eps_from_rho",
+    "eps_from_rho_restricted",
     "eps_from_rdp_curve",
-    "eps_from_rho_orders",
     "eps_mironov",
     "eps_gaussian",
     "delta_gaussian",
@@ -115,22 +118,28 @@ def eps_from_rho(rho: float, delta: float) -> tuple[float, float]:
     return max(0.0, eps), float(a_star)
 
 
-def eps_from_rho_orders(rho: float, delta: float, alpha_max: float) -> tuple[float, float]:
-    """(eps, order) for RDP(alpha) = rho * alpha known to hold only for 1 < alpha <= alpha_max
-    (a theorem's condition): the improved conversion minimised over that interval. The
-    objective decreases up to the unconstrained optimum alpha* and increases after it
-    (:func:`eps_from_rho`), so the constrained optimum is min(alpha*, alpha_max)."""
+def eps_from_rho_restricted(rho: float, delta: float, alpha_max: float) -> tuple[float, float]:
+    """(eps, alpha) for RDP(alpha) = rho * alpha known only for alpha in (1, alpha_max]: the
+    improved conversion of :func:`eps_from_rho` minimised over that interval only.
+
+    f is decreasing before the unconstrained optimum alpha* and increasing after it (see
+    :func:`eps_from_rho`), so the constrained optimum is ``min(alpha*, alpha_max)``. The KL
+    shortcut (eps = 0, reported order 1: the limit alpha -> 1, inside every interval) and rho = 0
+    (the views are equal: eps = 0, order 1) need no order above 1. The returned order is never
+    above ``alpha_max``. ``alpha_max = inf`` is :func:`eps_from_rho`. ``alpha_max <= 1`` (no
+    order allowed) is an error: the theorem then gives nothing and the caller must say so.
+    """
     _check_rho(rho)
     _check_delta(delta)
-    if not alpha_max > 1.0:
+    if math.isnan(alpha_max) or not alpha_max > 1.0:
         raise ValueError(f"alpha_max must be > 1, got {alpha_max!r}")
+    if rho == 0.0:
+        return 0.0, 1.0
     eps, a_star = eps_from_rho(rho, delta)
-    if a_star <= alpha_max or rho == 0.0:
+    if a_star <= alpha_max:
         return eps, a_star
-    if math.isinf(rho):
-        return math.inf, float(alpha_max)
-    e = _improved(rho * alpha_max, alpha_max, math.log(delta))
-    return max(0.0, e), float(alpha_max)
+    eps = _improved(rho * alpha_max, alpha_max, math.log(delta))
+    return max(0.0, eps), float(alpha_max)
 
 
 def eps_from_rdp_curve(

@@ -16,11 +16,11 @@ from __future__ import annotations
 import networkx as nx
 import numpy as np
 
-from coordinator_free.accounting import gossip
-from coordinator_free.accounting.core import METHODS, Units, units_of
+from coordinator_free.accounting import gossip, loss
+from coordinator_free.accounting.core import METHODS, Units, argmax_tied, units_of
 from coordinator_free.families.learning import secret
 from coordinator_free.privacy import muffliato as acct
-from coordinator_free.privacy import multiround
+from coordinator_free.privacy import multiround, private_graph
 
 
 class LearningViews(gossip.Views):
@@ -129,9 +129,11 @@ def accounting_note(plan) -> str:
         return (
             "secret graphs: a fresh Erdős–Rényi graph every round from pair secrets, each node "
             "knowing only its own neighbours. Before the run nobody knows the graphs: 'exact' is "
-            "then R-fold local DP (what holds for any graphs) and 'paper' Theorem 4/9 of the "
-            "Muffliato paper per round (the guarantee the secrecy buys, given its condition on "
-            "sigma). The audit reads the graphs from the logs and gives, for both methods, the "
+            "then R-fold local DP (what holds for any graphs) and so is 'paper', Theorem 4/9 of "
+            "the Muffliato paper as a per-pair worst case (any pair may be an edge in every "
+            "round); the theorem's expectation over the graphs, at the orders its condition on "
+            "sigma allows, is reported apart as 'expected'. The audit reads the graphs from the "
+            "logs and gives, for both methods, the "
             "loss conditional on them, as if the observer knew them: an upper bound for an "
             "observer that does not. " + exact
         )
@@ -150,19 +152,17 @@ def accounting_note(plan) -> str:
 
 
 def _secret_plan_factors(plan, method: str, sources, observers) -> np.ndarray:
-    """Secret per-round graphs, before the run: nobody knows the graphs. ``exact`` is R-fold
-    local DP, what holds whatever the graphs turn out to be (the audit gives the loss
-    conditional on the graphs the logs show); ``paper`` is Theorem 4/9 of the Muffliato paper
-    per round at the expected degree, the guarantee the secrecy of the graphs buys (every pair,
-    since any pair may be an edge: with probability p a round's loss is local DP)."""
+    """Secret per-round graphs, before the run: nobody knows the graphs. Both methods give
+    R-fold local DP for every pair: ``exact`` because that is what holds whatever the graphs
+    turn out to be (the audit gives the loss conditional on the graphs the logs show), ``paper``
+    because it is Theorem 4/9 of the Muffliato paper as a per-pair worst case (any pair may be
+    an edge in every round, and an edge costs local DP). The theorem's expectation over the
+    graphs is not a per-pair figure: :func:`private_graph_report` gives it, labelled."""
     n_obs = plan.n if observers is None else len(observers)
     n_src = plan.n if sources is None else len(sources)
     if method == "exact":
-        per_round = 1.0
-    else:
-        p = plan.secret_p
-        per_round = p + (1.0 - p) * secret.theorem_factor(plan)
-    return np.full((n_obs, n_src), plan.rounds * per_round)
+        return np.full((n_obs, n_src), float(plan.rounds))
+    return np.full((n_obs, n_src), secret.worst_case_factor(plan))
 
 
 def _plan_joint(plan, v: int) -> np.ndarray:
@@ -208,6 +208,10 @@ def _joint(plan, v: int, schedule=None, received=None) -> multiround.MultiRoundL
 
 
 def private_graph_factors(plan) -> np.ndarray:
+    """Theorem 4/9 per pair, ``F[v, u]`` in units of local DP: for secret graphs the per-pair
+    worst case (R-fold local DP), for public per-round graphs the theorem on the realised
+    graphs (:func:`_public_graph_factors`). The factors alone are not the theorem's eps: it
+    holds only at the orders its condition allows (:func:`private_graph_report`)."""
     if plan.secret:
         F = _secret_plan_factors(plan, "paper", None, None)
         np.fill_diagonal(F, float(plan.rounds))
@@ -219,41 +223,80 @@ def _public_graph_factors(plan) -> np.ndarray:
     """Theorem 4/9 of the Muffliato paper per round, summed over rounds (its Proposition 1 for a
     single observer): ``F[v, u] = sum_r min(1, 1 if u ~_r v else 2 K d_v^r / (n - d_v^r))`` in
     units of the local-DP loss, d_v^r = v's degree in round r's graph. Valid only for a graph
-    that is secret (each node knows only its own neighbours) and when
-    ``sigma^2 >= Delta^2 alpha (alpha - 1) / 2``; with graph.resample the rounds' graphs come
-    from a public seed, so this is the paper's comparison point, not a guarantee of the run."""
+    that is secret (each node knows only its own neighbours) and only at the orders
+    ``sigma^2 >= Delta^2 alpha (alpha - 1) / 2`` allows; with graph.resample the rounds' graphs
+    come from a public seed, so this is the paper's comparison point, not a guarantee of the
+    run."""
     n, K = plan.n, plan.gossip_steps
     out = np.zeros((n, n))
     for g in plan.round_graphs:
         adj = nx.to_numpy_array(g, nodelist=range(n), dtype=bool)
         deg = adj.sum(axis=1)
-        far = np.minimum(1.0, 2.0 * K * deg / np.maximum(n - deg, 1))
+        far = private_graph.non_adjacent_factor(n, deg, K)
         out += np.where(adj, 1.0, far[:, None])
     np.fill_diagonal(out, float(plan.rounds))
     return out
 
 
 def private_graph_report(plan, u: Units) -> dict:
-    F = private_graph_factors(plan)
-    s = gossip.summarise(VIEWS, plan, F, u.rdp_bound)
-    cond = plan.sigma**2 >= plan.sensitivity**2 * plan.alpha * (plan.alpha - 1) / 2
+    """Theorem 4/9 of the Muffliato paper for per-round Erdős–Rényi graphs, evaluated only at
+    the Rényi orders its condition allows (alpha <= alpha_max). Secret graphs: the per-pair
+    worst case (R-fold local DP, every pair) under ``worst_pair`` / ``mean_over_pairs``, the
+    theorem's expectation over the graphs under ``expected``. Public graphs: the theorem on the
+    realised graphs, per pair, for comparison only."""
+    a_max = secret.theorem_alpha_max(plan)
+    cond = secret.theorem_condition(plan)
+    ldp_eps = u.rdp_bound(VIEWS.ldp_factor(plan)).eps  # the cap, in the theorem's conversion
+    order = (
+        f"its condition {private_graph.CONDITION} allows the orders alpha <= {a_max:.4g}, "
+        "where its eps is computed"
+        if a_max > 1.0
+        else f"its condition {private_graph.CONDITION} allows no order > 1: it gives nothing"
+    )
+    common = {
+        "condition": private_graph.CONDITION,
+        "condition_holds": bool(cond),
+        "alpha_max": a_max,
+    }
     if plan.secret:
-        note = (
-            "Theorem 4/9 (private Erdős–Rényi graph): per round local DP when the pair is an "
-            f"edge (probability {plan.secret_p:g}), else min(1, 2 K d / (n - d)) at the expected "
-            f"degree d = {secret.expected_degree(plan):.3g}; summed in expectation (the 'paper' "
-            "column). A guarantee here, the graphs being secret, "
-            + ("as its condition on sigma holds" if cond else "but its condition on sigma fails")
+        R = float(plan.rounds)
+        expected = loss.theorem(u, secret.expected_factor(plan), a_max, cap=ldp_eps).entry(
+            per_round={
+                "p_edge": plan.secret_p,
+                "factor_edge": 1.0,
+                "factor_not_edge": secret.theorem_factor(plan),
+            }
         )
-    else:
         note = (
-            "Theorem 4/9 (private Erdős–Rényi graph) per round, summed: valid only for secret "
-            "graphs, and these are drawn from a public seed"
+            "Theorem 4/9 (private Erdős–Rényi graph), a guarantee here, the graphs being secret: "
+            "per round local DP when the pair is an edge, else min(1, 2 K d / (n - d)); any pair "
+            f"may be an edge in every round, so per pair it gives R-fold local DP; {order}. "
+            f"Expected over the graphs (edge probability {plan.secret_p:g}, observer degree "
+            f"~ Bin(n - 2, p)): factor {expected['factor']:.4g}, an expectation, not a "
+            "per-pair bound"
         )
+        return {
+            "note": note,
+            "secret": True,
+            **common,
+            "worst_pair": u.rdp_bound(R).entry(source=1, observer=0),
+            "mean_over_pairs": u.rdp_bound(R).entry(),
+            "expected": expected,
+        }
+    F = private_graph_factors(plan)
+    n = plan.n
+    v_w, u_w = argmax_tied(np.where(np.eye(n, dtype=bool), -np.inf, F))
+    mean_all = float(np.where(np.eye(n, dtype=bool), 0.0, F).sum() / (n * (n - 1)))
+    note = (
+        "Theorem 4/9 (private Erdős–Rényi graph) per round on the realised graphs, summed: "
+        f"valid only for secret graphs, and these are drawn from a public seed; {order}"
+    )
     return {
         "note": note,
-        "secret": bool(plan.secret),
-        "condition_holds": bool(cond),
-        "worst_pair": s["worst_pair"],
-        "mean_over_pairs": s["mean_over_pairs"],
+        "secret": False,
+        **common,
+        "worst_pair": loss.theorem(u, float(F[v_w, u_w]), a_max, cap=ldp_eps).entry(
+            source=int(u_w), observer=int(v_w)
+        ),
+        "mean_over_pairs": loss.theorem(u, mean_all, a_max, cap=ldp_eps).entry(),
     }

@@ -19,7 +19,9 @@ Who knows which graphs:
   round (``secret-partners``) (:func:`bind_logged`). The audit's exact loss is then conditional
   on the graphs, as if the observer knew them, which it does not: an upper bound on what an
   observer learns, not the amplification the secrecy buys (Theorem 4/9 of the Muffliato paper,
-  which the plan states as the guarantee).
+  which the plan states: per pair its worst case is R-fold local DP, since any pair may be an
+  edge in every round; its expectation over the graphs is reported as such, at the orders its
+  condition on sigma allows, ``coordinator_free.privacy.private_graph``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from coordinator_free import graphs
+from coordinator_free.privacy import private_graph
 
 _EDGE_INFO = b"coordinator-free/v1 secret graph edge"
 #: The view-log record of a node's neighbours in one round of a secret graph.
@@ -134,13 +137,28 @@ def expected_degree(plan) -> float:
 
 
 def theorem_factor(plan) -> float:
-    """Theorem 4/9 of the Muffliato paper per round, for a pair that is not an edge, at the
-    expected degree: ``min(1, 2 K d / (n - d))`` in units of local DP (with probability p the
-    pair is an edge in a round: local DP)."""
-    d = expected_degree(plan)
-    return float(min(1.0, 2.0 * plan.gossip_steps * d / max(plan.n - d, 1e-300)))
+    """Theorem 4/9 of the Muffliato paper per round for a pair that is not an edge, in units
+    of local DP: ``E[min(1, 2 K d / (n - d))]`` over the observer's degree d ~ Bin(n - 2, p)
+    (an expectation: a pair that is an edge in a round loses local DP that round)."""
+    return private_graph.expected_non_adjacent_factor(plan.n, plan.secret_p, plan.gossip_steps)
+
+
+def expected_factor(plan) -> float:
+    """The theorem's expectation over the graphs of the R-round factor (not a per-pair bound:
+    a pair may be an edge in every round, see :func:`worst_case_factor`)."""
+    return private_graph.expected_factor(plan.n, plan.secret_p, plan.gossip_steps, plan.rounds)
+
+
+def worst_case_factor(plan) -> float:
+    """The theorem's per-pair worst case: an edge in every round, R-fold local DP."""
+    return private_graph.worst_case_factor(plan.rounds)
+
+
+def theorem_alpha_max(plan) -> float:
+    """The largest Rényi order at which the theorem holds (its condition on sigma)."""
+    return private_graph.alpha_max(plan.sigma, plan.sensitivity)
 
 
 def theorem_condition(plan) -> bool:
-    """The theorem's condition sigma^2 >= Delta^2 alpha (alpha - 1) / 2."""
-    return plan.sigma**2 >= plan.sensitivity**2 * plan.alpha * (plan.alpha - 1) / 2
+    """The theorem's condition sigma^2 >= Delta^2 alpha (alpha - 1) / 2 at the plan's order."""
+    return private_graph.condition_holds(plan.alpha, plan.sigma, plan.sensitivity)
