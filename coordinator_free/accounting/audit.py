@@ -46,11 +46,20 @@ def load_run(run_dir: Path):
 def plan_report(cfg: config_mod.Config, *, source: int | None, method: str) -> dict:
     """What each observer will learn about each source under the fault-free schedule."""
     fam = family_of(cfg.protocol.name)
-    rep = fam.plan_report(cfg, fam.make_plan(cfg), source=source, method=method)
+    plan = fam.make_plan(cfg)
+    rep = fam.plan_report(cfg, plan, source=source, method=method)
     if not fam.has_peers(cfg):
         rep["central"] = True  # one curator, no graph: the same loss towards everyone
         return rep
-    return baseline.annotate_plan(rep, neighbours_see_values=not fam.walks(cfg))
+    rep = baseline.annotate_plan(rep, neighbours_see_values=not fam.walks(cfg))
+    if method == "paper" and plan.n <= baseline.BELOW_EXACT_MAX_N:
+        observers = list(range(plan.n))
+        try:
+            planned = fam.planned_losses(cfg, plan, observers)
+        except NotImplementedError:
+            return rep
+        baseline.mark_paper_below_exact(rep, planned)
+    return rep
 
 
 def audit_run(run_dir: str | Path, *, observers: list[int] | None = None) -> dict:

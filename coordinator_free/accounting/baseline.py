@@ -36,6 +36,14 @@ _CAPPED = (
 )
 
 MARK = "^"
+#: The mark of a paper figure below the exact loss of the same pair: not an upper bound there.
+BELOW_MARK = "!"
+BELOW_LEGEND = (
+    "! the paper's formula is below the exact loss of that pair: it is not an upper bound "
+    "there (the exact column is the loss)"
+)
+#: Up to this many nodes a paper plan counts, pair by pair, where its formula is below exact.
+BELOW_EXACT_MAX_N = 512
 LEGEND = (
     "^ local DP, the valid bound, is shown: the paper's formula is above it there "
     "(the formula's value: eps in --json)"
@@ -128,6 +136,41 @@ def _counts(eps: list[float], ldp_eps: float, by_distance: Iterable[tuple]) -> d
     }
 
 
+def mark_paper_below_exact(rep: dict, planned: dict[int, dict]) -> dict:
+    """Flag, in a ``paper`` plan, every figure below the exact loss of the same pair
+    (``planned``: observer -> {(source, method): entry}, both methods): a one-source report's
+    entries get ``below_exact`` and ``eps_exact``; the rows by distance a ``below_exact``
+    count; the ``baseline`` block the total, ``paper_below_exact``."""
+    below: dict[tuple[int, int], float] = {}
+    for v, cells in planned.items():
+        for (u, m), x in cells.items():
+            if m != "paper":
+                continue
+            ex = cells.get((u, "exact"))
+            if ex is not None and _is_num(x.get("eps")) and _is_num(ex.get("eps")):
+                if x["eps"] < ex["eps"] * (1.0 - REL_TOL):
+                    below[(v, u)] = float(ex["eps"])
+    source = rep.get("source")
+    for x in rep.get("losses") or []:
+        if isinstance(x, dict) and (x.get("observer"), source) in below:
+            x["below_exact"] = True
+            x["eps_exact"] = below[(x["observer"], source)]
+    dist_of = {}
+    for v, cells in planned.items():
+        for (u, _m), x in cells.items():
+            if "distance" in x:
+                dist_of[(v, u)] = x["distance"]
+    for r in rep.get("by_distance") or []:
+        if isinstance(r, dict):
+            r["below_exact"] = sum(1 for p in below if dist_of.get(p) == r.get("distance"))
+    if source is not None:
+        count = sum(1 for (v, u) in below if u == source)
+    else:
+        count = len(below)
+    rep.setdefault("baseline", {})["paper_below_exact"] = count
+    return rep
+
+
 def annotate_audit(rep: dict, *, neighbours_see_values: bool = True) -> dict:
     """An audit report with every paper entry capped and its ``baseline`` block, counted on the
     ``exact`` entries (the losses the observers really experienced)."""
@@ -136,13 +179,23 @@ def annotate_audit(rep: dict, *, neighbours_see_values: bool = True) -> dict:
         return rep
     ldp_eps = float(ldp["eps"])
     exact: list[tuple] = []
-    n_above = 0
+    n_above = n_below = 0
     for o in rep["observers"]:
+        ex = {
+            x.get("source"): x.get("eps")
+            for x in o.get("losses") or []
+            if isinstance(x, dict) and x.get("method") == "exact"
+        }
         for x in o.get("losses") or []:
             if not isinstance(x, dict):
                 continue
             if x.get("method") == "paper":
                 n_above += cap_entry(x, ldp)
+                e = ex.get(x.get("source"))
+                if _is_num(e) and _is_num(x.get("eps")) and x["eps"] < e * (1.0 - REL_TOL):
+                    x["below_exact"] = True
+                    x["eps_exact"] = float(e)
+                    n_below += 1
             elif x.get("method") == "exact" and _is_num(x.get("eps")):
                 exact.append((x.get("distance"), float(x["eps"])))
     block = {
@@ -150,6 +203,7 @@ def annotate_audit(rep: dict, *, neighbours_see_values: bool = True) -> dict:
         "method": "exact",
         "neighbours_see_values": neighbours_see_values,
         "paper_above_ldp": n_above,
+        "paper_below_exact": n_below,
     }
     block.update(_counts([e for _, e in exact], ldp_eps, exact))
     rep["baseline"] = block
@@ -170,6 +224,13 @@ def explain(block: dict | None) -> list[str]:
         "values directly, the most any view can reveal."
     ]
     n_above = block.get("paper_above_ldp")
+    n_below = block.get("paper_below_exact")
+    below = (
+        f" For {n_below} pair(s) the paper's formula is below the exact loss: it is not an upper "
+        f"bound there (marked {BELOW_MARK})."
+        if n_below
+        else ""
+    )
     if block.get("method") == "paper":
         out.append(
             f"the paper's formula is below local DP for {amp} of {pairs} ordered pairs "
@@ -181,6 +242,7 @@ def explain(block: dict | None) -> list[str]:
                 else "."
             )
             + " --method exact gives the exact loss of each observer's whole view."
+            + below
         )
         return out
     if amp:
@@ -212,6 +274,8 @@ def explain(block: dict | None) -> list[str]:
             f"the paper's formula exceeds local DP for {n_above} pair(s); local DP is the valid "
             "bound there, and that is what the paper columns show (marked ^)."
         )
+    if below:
+        out.append(below.strip())
     return out
 
 

@@ -143,3 +143,17 @@ def _conversions(rho: float, delta: float, alpha: float, gaussian: bool) -> dict
         eps_gdp=exact.eps,
     )
     return out
+
+
+def worst_exact_eps(audit: dict | None) -> float | None:
+    """The largest ``exact`` eps of an audit's pairs (what ``cfree ls`` lists), None without
+    one."""
+    eps = [
+        float(x["eps"])
+        for o in (audit or {}).get("observers", [])
+        for x in o.get("losses", [])
+        if x.get("method") == "exact"
+        and isinstance(x.get("eps"), int | float)
+        and not isinstance(x.get("eps"), bool)
+    ]
+    return max(eps) if eps else None

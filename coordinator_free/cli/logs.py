@@ -116,13 +116,9 @@ def _run_row(path: Path) -> dict:
         row["status"] = f"problems ({len(summary.get('problems') or [])})"
     audit = _read_json(path / "audit.json")
     row["fault_free"] = None if audit is None else audit.get("fault_free")
-    eps = [
-        x.get("eps")
-        for o in (audit or {}).get("observers", [])
-        for x in o.get("losses", [])
-        if x.get("method") == "exact" and isinstance(x.get("eps"), int | float)
-    ]
-    row["worst_eps"] = max(eps) if eps else None
+    from coordinator_free.accounting.summary import worst_exact_eps
+
+    row["worst_eps"] = worst_exact_eps(audit)
     row["mtime"] = path.stat().st_mtime
     return row
 

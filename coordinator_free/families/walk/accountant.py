@@ -884,7 +884,8 @@ def calibrate(cfg: Config, target_eps: float, *, method: str, budget: str) -> di
         return (worst if budget == "worst" else mean).eps, worst, mean, ldp, (v, s)
 
     hi = smallest_sigma(lambda sigma: at(sigma)[0], target_eps, plan.sensitivity)
-    eps, worst, mean, ldp, (wobs, wsrc) = at(hi)
+    _, worst, mean, ldp, (wobs, wsrc) = at(hi)
+    binding = worst if budget == "worst" else mean
     return {
         "protocol": plan.protocol,
         "method": method,
@@ -894,7 +895,7 @@ def calibrate(cfg: Config, target_eps: float, *, method: str, budget: str) -> di
         "sigma": hi,
         "sensitivity": plan.sensitivity,
         "steps": plan.hops,
-        "eps": eps,
+        "eps": binding.eps,
         "binding": (
             worst.entry(source=int(wsrc), observer=int(wobs))
             if budget == "worst"
