@@ -20,8 +20,9 @@ from memrun import write_run_dir
 
 from coordinator_free import config, rundir
 from coordinator_free.accounting import audit
-from coordinator_free.engine.memnet import Faults, run_config
+from coordinator_free.engine.memnet import Faults
 from coordinator_free.families import family_of
+from coordinator_free.inmemory import run_config
 from coordinator_free.viewlog import ViewLogWriter, read_viewlog
 
 ROOT = Path(__file__).resolve().parent.parent

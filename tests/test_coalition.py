@@ -15,10 +15,11 @@ from memrun import write_run_dir
 
 import coordinator_free
 from coordinator_free import config
-from coordinator_free.engine.memnet import Faults, run_config
+from coordinator_free.engine.memnet import Faults
 from coordinator_free.families import family_of
 from coordinator_free.families.averaging import accountant, coalition
 from coordinator_free.families.averaging.accountant import replay
+from coordinator_free.inmemory import run_config
 from coordinator_free.privacy import muffliato as acct
 
 DEADLINE = 0.05

@@ -22,9 +22,10 @@ import pytest
 from coordinator_free import config, verdict
 from coordinator_free.accounting.audit import audit_run
 from coordinator_free.engine.events import SILENCE_DEADLINES
-from coordinator_free.engine.memnet import Faults, run_config
+from coordinator_free.engine.memnet import Faults
 from coordinator_free.errors import ConfigError
 from coordinator_free.families import family_of
+from coordinator_free.inmemory import run_config
 from tests.memrun import write_run_dir
 from tests.test_memnet import ALL as MEMNET_ALL
 from tests.test_memnet import DEADLINE, EX

@@ -12,7 +12,7 @@ from memrun import write_run_dir
 from test_audit_robust import EX, RUNS, make_run
 
 from coordinator_free import config
-from coordinator_free.engine.memnet import run_config
+from coordinator_free.inmemory import run_config
 
 CASES = 10_000
 

@@ -16,11 +16,12 @@ from netrun import cfree
 import coordinator_free
 from coordinator_free import config
 from coordinator_free.accounting.audit import audit_run, plan_report
-from coordinator_free.engine.memnet import node_streams, run_config
+from coordinator_free.engine.memnet import node_streams
 from coordinator_free.errors import ConfigError
 from coordinator_free.families import family_of
 from coordinator_free.families.averaging import accountant
 from coordinator_free.families.learning import secret
+from coordinator_free.inmemory import run_config
 
 REPO = Path(coordinator_free.__file__).resolve().parents[1]
 DSGD = REPO / "examples" / "dsgd-breast-cancer.toml"

@@ -20,7 +20,7 @@ from memrun import write_run_dir
 
 from coordinator_free import config, htmlreport
 from coordinator_free.accounting.audit import audit_run, save_audit
-from coordinator_free.engine.memnet import run_config
+from coordinator_free.inmemory import run_config
 from coordinator_free.report import render_report
 
 IN_CI = os.environ.get("CI") == "true"

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from coordinator_free import config, sim
-from coordinator_free.engine.memnet import Faults, run_config
+from coordinator_free.engine.memnet import Faults
 from coordinator_free.engine.token import run_bound
 from coordinator_free.families import family_of
+from coordinator_free.inmemory import run_config
 
 EX = Path(__file__).resolve().parent.parent / "examples"
 
