@@ -623,7 +623,7 @@ def validate(cfg: Config) -> None:
     if d.kind == "bernoulli" and not 0 <= d.p <= 1:
         raise ConfigError(f"{s}: data.p must be in [0, 1]")
     pv = cfg.privacy
-    if not (1e-150 < pv.sigma < 1e150 or (pv.sigma == 0 and pr.name in catalog.NO_NOISE)):
+    if not (1e-150 < pv.sigma < 1e150 or (pv.sigma == 0 and fam.accepts_no_noise(cfg))):
         raise ConfigError(
             f"{s}: privacy.sigma must be in (1e-150, 1e150), got {pv.sigma}"
             + (
