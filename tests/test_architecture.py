@@ -324,3 +324,22 @@ def test_every_family_renders_everything_the_cli_prints():
         fam = family_of(name)
         for function in functions:
             assert callable(fam._render(function)), (name, function)
+
+
+def test_no_test_module_imports_another():
+    """What test modules share lives in helper modules beside them (memcases.py, ci.py, ...)
+    or in conftest.py fixtures: a test module importing another runs and collects it twice."""
+    found = []
+    for path in sorted((PKG.parent / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            found += [
+                f"{path.name}:{node.lineno}: {n}"
+                for n in names
+                if n.split(".")[-1].startswith("test_")
+            ]
+    assert not found, "\n".join(found)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from memcases import ALL as MEMNET_ALL
+from memcases import DEADLINE, EX
 
 from coordinator_free import config, verdict
 from coordinator_free.accounting.audit import audit_run
@@ -27,8 +29,6 @@ from coordinator_free.errors import ConfigError
 from coordinator_free.families import family_of
 from coordinator_free.inmemory import run_config
 from tests.memrun import write_run_dir
-from tests.test_memnet import ALL as MEMNET_ALL
-from tests.test_memnet import DEADLINE, EX
 
 #: Every protocol with peers: the in-memory network's configs, plus the walks and learning
 #: variants it does not run.
