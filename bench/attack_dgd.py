@@ -33,9 +33,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from coordinator_free import config  # noqa: E402
-from coordinator_free.engine.memnet import run_config  # noqa: E402
 from coordinator_free.families import family_of  # noqa: E402
 from coordinator_free.families.learning import attack  # noqa: E402
+from coordinator_free.inmemory import run_config  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "dsgd-breast-cancer.toml"
 

@@ -518,7 +518,20 @@ NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123
 
 
 def validate(cfg: Config) -> None:
+    """Check the config's values (types were checked on load): the generic keys here, section
+    by section in this order, the family's own keys by the family. Raise ConfigError naming
+    the source and the key."""
     s = cfg.source
+    _check_run(cfg, s)
+    _check_graph(cfg, s)
+    fam = _check_protocol(cfg, s)
+    _check_data(cfg, s)
+    _check_privacy(cfg, s, fam)
+    _check_network(cfg, s)
+    _check_protocol_keys_in_use(cfg, s, fam)
+
+
+def _check_run(cfg: Config, s: str) -> None:
     r = cfg.run
     if not r.name or not set(r.name) <= NAME_CHARS or r.name.startswith("."):
         raise ConfigError(
@@ -527,6 +540,10 @@ def validate(cfg: Config) -> None:
         )
     if not 0 <= r.seed < 2**63:
         raise ConfigError(f"{s}: run.seed must be in 0..2^63-1, got {r.seed}")
+
+
+def _check_graph(cfg: Config, s: str) -> None:
+    """The graph's kind and size (the keys that depend on the protocol: _check_protocol)."""
     g = cfg.graph
     if g.kind not in GRAPH_KINDS:
         raise ConfigError(
@@ -567,7 +584,12 @@ def validate(cfg: Config) -> None:
             f"{s}: graph.resample draws a fresh random graph every round: graph.kind must be "
             f"one of {', '.join(RESAMPLE_KINDS)}, got {g.kind!r}"
         )
-    pr = cfg.protocol
+
+
+def _check_protocol(cfg: Config, s: str):
+    """The protocol's name and generic keys, and the graph keys that depend on it (resampled
+    and hidden graphs); returns its family."""
+    g, pr = cfg.graph, cfg.protocol
     if pr.name not in catalog.ALL:
         raise ConfigError(
             f"{s}: protocol.name {pr.name!r} unknown; choose one of {', '.join(catalog.ALL)}"
@@ -603,7 +625,13 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"{s}: graph.resample redraws the gossip graph every round; {pr.name} has no gossip"
         )
-    d = cfg.data
+    return fam
+
+
+def _check_data(cfg: Config, s: str) -> None:
+    """The synthetic data's kind, size and magnitude (protocol.spread, which scales the
+    initial values, bounded with them)."""
+    d, pr = cfg.data, cfg.protocol
     if d.kind not in DATA_KINDS:
         raise ConfigError(
             f"{s}: data.kind {d.kind!r} unknown; choose one of {', '.join(DATA_KINDS)}"
@@ -622,8 +650,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"{s}: data.scale must be >= 0")
     if d.kind == "bernoulli" and not 0 <= d.p <= 1:
         raise ConfigError(f"{s}: data.p must be in [0, 1]")
+
+
+def _check_privacy(cfg: Config, s: str, fam) -> None:
     pv = cfg.privacy
-    if not (1e-150 < pv.sigma < 1e150 or (pv.sigma == 0 and pr.name in catalog.NO_NOISE)):
+    if not (1e-150 < pv.sigma < 1e150 or (pv.sigma == 0 and fam.accepts_no_noise(cfg))):
         raise ConfigError(
             f"{s}: privacy.sigma must be in (1e-150, 1e150), got {pv.sigma}"
             + (
@@ -641,6 +672,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"{s}: privacy.alpha must be in (1, 1e6] (a Rényi order), got {pv.alpha}")
     if not 0 < pv.delta < 1:
         raise ConfigError(f"{s}: privacy.delta must be in (0, 1), got {pv.delta}")
+
+
+def _check_network(cfg: Config, s: str) -> None:
     nw = cfg.network
     if not 0 <= nw.base_port <= 65535:
         raise ConfigError(f"{s}: network.base_port must be in 0..65535")
@@ -660,6 +694,12 @@ def validate(cfg: Config) -> None:
         )
     if not nw.host:
         raise ConfigError(f"{s}: network.host must not be empty")
+
+
+def _check_protocol_keys_in_use(cfg: Config, s: str, fam) -> None:
+    """privacy.eps0, then the keys only some protocols use, refused where they would be
+    ignored; then the family's own keys and the declared faults against the protocol."""
+    pr, pv = cfg.protocol, cfg.privacy
     if not 0 < pv.eps0 <= 50:
         raise ConfigError(f"{s}: privacy.eps0 must be in (0, 50], got {pv.eps0}")
     if not fam.correlated_noise and (pv.sigma_cor or pv.collusion):

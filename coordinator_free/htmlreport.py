@@ -431,38 +431,64 @@ def build_html(
     cfg_text = rundir.config_path(run_dir)
     summary = _read_json(rundir.summary_path(run_dir), notes) or {}
     faults = audit.get("faults") or _read_json(rundir.faults_path(run_dir), notes) or {}
-    injected = [f for f in faults.get("injected", []) if isinstance(f, dict)]
     rows = node_status(run_dir, n, audit, notes)
     ldp = float((audit.get("ldp") or {}).get("eps", math.nan))
+    pairs = _pair_losses(audit, method)
+    title, graph = _title_and_graph(run_dir, cfg_text)
+    parts = _head(title, audit)
+    parts += _summary(audit, method, n, graph, ldp, pairs, summary, run_dir, cfg_text)
+    parts += _nodes(rows)
+    parts += _faults(audit, faults, rows)
+    parts += _privacy_loss(audit, method, n, ldp, pairs)
+    parts += _accuracy(metrics)
+    parts += _integrity(audit)
+    parts += _plan_against_audit(planned(run_dir, audit, notes), pairs, method)
+    parts += _notes(audit, notes)
+    parts.append(f"<script>{SCRIPT}</script></body></html>\n")
+    return "".join(parts)
+
+
+def _pair_losses(audit: dict, method: str) -> dict[tuple[int, int], tuple[float, int]]:
+    """(observer, source) -> (eps, hop distance) of ``method``, between distinct nodes."""
     pairs: dict[tuple[int, int], tuple[float, int]] = {}
     for o in audit.get("observers", []):
         for x in o.get("losses", []):
             if x.get("method") == method and x.get("source") != o.get("observer"):
                 pairs[(o["observer"], x["source"])] = (float(x["eps"]), x.get("distance", -1))
-    worst = max((e for e, _ in pairs.values()), default=None)
-    fault_free = audit.get("fault_free") is True
+    return pairs
+
+
+def _title_and_graph(run_dir: Path, cfg_text: Path) -> tuple[str, str]:
     try:
         from coordinator_free import config as config_mod
 
         cfg = config_mod.load(cfg_text)
-        title, graph = cfg.run.name, cfg.graph.kind
+        return cfg.run.name, cfg.graph.kind
     except Exception:  # no config, or one that no longer loads: the audit still shows
-        title, graph = run_dir.resolve().name, "–"
+        return run_dir.resolve().name, "–"
 
-    def badge(ok: bool, yes: str, no: str) -> str:
-        return f'<span class="badge {"ok" if ok else "bad"}">{_e(yes if ok else no)}</span>'
 
-    parts = [
+def _badge(ok: bool, yes: str, no: str) -> str:
+    return f'<span class="badge {"ok" if ok else "bad"}">{_e(yes if ok else no)}</span>'
+
+
+def _head(title: str, audit: dict) -> list[str]:
+    """The document head, the title and the run's badges."""
+    fault_free = audit.get("fault_free") is True
+    return [
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
         '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
         "style-src 'unsafe-inline'; script-src 'unsafe-inline'\">",
         f"<title>cfree report: {_e(title)}</title><style>{CSS}</style></head><body>",
         f"<h1>Run {_e(title)}</h1>",
-        f"<p>{badge(fault_free, 'fault-free', 'NOT fault-free')} "
-        f"{badge(not audit.get('integrity'), 'no integrity findings', 'integrity findings')} "
-        f"{badge(audit.get('complete') is not False, 'complete', 'incomplete')}</p>",
-        '<h2 id="summary">Summary</h2><dl>',
+        f"<p>{_badge(fault_free, 'fault-free', 'NOT fault-free')} "
+        f"{_badge(not audit.get('integrity'), 'no integrity findings', 'integrity findings')} "
+        f"{_badge(audit.get('complete') is not False, 'complete', 'incomplete')}</p>",
     ]
+
+
+def _summary(audit, method, n, graph, ldp, pairs, summary, run_dir, cfg_text) -> list[str]:
+    worst = max((e for e, _ in pairs.values()), default=None)
     facts = [
         ("protocol", audit.get("protocol")),
         ("graph", graph),
@@ -475,46 +501,55 @@ def build_html(
         ("run directory", str(run_dir)),
         ("config", str(cfg_text) if cfg_text.exists() else "missing"),
     ]
-    parts += [f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in facts]
-    parts.append("</dl>")
+    return [
+        '<h2 id="summary">Summary</h2><dl>',
+        *(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in facts),
+        "</dl>",
+    ]
 
-    # Nodes and faults.
-    parts.append('<h2 id="nodes">Nodes</h2>')
+
+def _nodes(rows: list[dict]) -> list[str]:
     node_rows = []
     for r in rows:
         ok = r["result"] and r["end"] == "finished" and not r["findings"]
         node_rows.append([
             str(r["node"]),
-            badge(ok, "finished", "finished" if r["result"] else "no result"),
+            _badge(ok, "finished", "finished" if r["result"] else "no result"),
             _e(r["end"]) + ("" if r["intact"] in (None, True) else " (damaged)"),
             _e(r["last_step"] if r["last_step"] is not None else "–"),
             str(len(r["misses"])),
             "<br>".join(_e(f) for f in r["findings"]) or '<span class="muted">–</span>',
         ])  # fmt: skip
-    parts.append(
+    return [
+        '<h2 id="nodes">Nodes</h2>',
         _table(
             ["node", "status", "log ends with", "last step", "missed values", "findings"],
             node_rows,
             {0, 3, 4},
-        )
-    )
-    parts.append('<h2 id="faults">Faults over time</h2>')
+        ),
+    ]
+
+
+def _faults(audit: dict, faults: dict, rows: list[dict]) -> list[str]:
+    """The declared and injected faults, and the timeline of every node's steps."""
+    injected = [f for f in faults.get("injected", []) if isinstance(f, dict)]
     declared = faults.get("declared") or []
-    parts.append(
+    steps = int(audit.get("steps") or max([r["last_step"] or 0 for r in rows] + [1]))
+    return [
+        '<h2 id="faults">Faults over time</h2>',
         "<p>declared: "
         + (", ".join(f"<code>{_e(d)}</code>" for d in declared) or "none")
         + f" · injected: {len(injected)} · missed values logged: "
-        + f"{sum(len(r['misses']) for r in rows)}</p>"
-    )
-    steps = int(audit.get("steps") or max([r["last_step"] or 0 for r in rows] + [1]))
-    parts.append(timeline_svg(rows, steps, injected))
-    parts.append(
+        + f"{sum(len(r['misses']) for r in rows)}</p>",
+        timeline_svg(rows, steps, injected),
         '<p class="muted">bar: steps a node logged (green: its log ends finished); orange '
-        "dot: a value it missed; red cross: an injected fault.</p>"
-    )
+        "dot: a value it missed; red cross: an injected fault.</p>",
+    ]
 
-    # Privacy loss.
-    parts.append(f'<h2 id="heatmap">Pairwise privacy loss ε(u→v), {_e(method)}</h2>')
+
+def _privacy_loss(audit: dict, method: str, n: int, ldp: float, pairs: dict) -> list[str]:
+    """The pair map and the loss against distance (central DP: the one loss, no pairs)."""
+    parts = [f'<h2 id="heatmap">Pairwise privacy loss ε(u→v), {_e(method)}</h2>']
     if audit.get("central") is True:
         every = [
             float(x["eps"])
@@ -561,28 +596,32 @@ def build_html(
     else:
         parts.append(f'<p class="muted">no {_e(method)} losses between distinct nodes</p>')
         parts.append('<p id="hover"></p><p class="muted"><span id="cells">?</span> cells</p>')
+    return parts
 
-    # Accuracy.
-    m = metrics
-    if m is not None and m.rounds.size:
-        acc = m.columns["avg_test_accuracy"]
-        key = "avg_test_accuracy" if (acc == acc).any() else "avg_test_loss"
-        label = "test accuracy" if key == "avg_test_accuracy" else "test loss"
-        series = [
-            (float(r), float(y)) for r, y in zip(m.rounds, m.columns[key], strict=True) if y == y
-        ]
-        lines = [(series, "acc", f"{label}, node-average model")]
-        for k in ("node_test_accuracy_min", "node_test_accuracy_max"):
-            col = m.columns[k]
-            if key == "avg_test_accuracy" and (col == col).any():
-                pts = [(float(r), float(y)) for r, y in zip(m.rounds, col, strict=True)]
-                lines.append(([p for p in pts if p[1] == p[1]], "band", k))
-        parts.append(f'<h2 id="accuracy">{_e(label.capitalize())} by round</h2>')
-        pts2 = [(x, y, f"round {int(x)}: {label} {_num(y)}") for x, y in series]
-        parts.append(_scatter(pts2, xlabel="round", ylabel=label, lines=lines, css="pt2"))
 
-    # Integrity and plan against audit.
-    parts.append('<h2 id="integrity">Integrity findings</h2>')
+def _accuracy(m: Any) -> list[str]:
+    """Test accuracy (or loss) by round, of a learning run's metrics; nothing otherwise."""
+    if m is None or not m.rounds.size:
+        return []
+    acc = m.columns["avg_test_accuracy"]
+    key = "avg_test_accuracy" if (acc == acc).any() else "avg_test_loss"
+    label = "test accuracy" if key == "avg_test_accuracy" else "test loss"
+    series = [(float(r), float(y)) for r, y in zip(m.rounds, m.columns[key], strict=True) if y == y]
+    lines = [(series, "acc", f"{label}, node-average model")]
+    for k in ("node_test_accuracy_min", "node_test_accuracy_max"):
+        col = m.columns[k]
+        if key == "avg_test_accuracy" and (col == col).any():
+            pts = [(float(r), float(y)) for r, y in zip(m.rounds, col, strict=True)]
+            lines.append(([p for p in pts if p[1] == p[1]], "band", k))
+    pts2 = [(x, y, f"round {int(x)}: {label} {_num(y)}") for x, y in series]
+    return [
+        f'<h2 id="accuracy">{_e(label.capitalize())} by round</h2>',
+        _scatter(pts2, xlabel="round", ylabel=label, lines=lines, css="pt2"),
+    ]
+
+
+def _integrity(audit: dict) -> list[str]:
+    parts = ['<h2 id="integrity">Integrity findings</h2>']
     integ = audit.get("integrity") or []
     if integ:
         parts.append(
@@ -599,42 +638,48 @@ def build_html(
         )
     else:
         parts.append("<p>none: every log is intact and consistent with the others.</p>")
-    plan = planned(run_dir, audit, notes)
-    parts.append('<h2 id="plan">Plan against audit</h2>')
+    return parts
+
+
+def _plan_against_audit(plan: dict, pairs: dict, method: str) -> list[str]:
+    """How many pairs the audit puts at, above and below the plan, and the largest gaps."""
+    parts = ['<h2 id="plan">Plan against audit</h2>']
     both = [
         (v, u, plan[(v, u, method)], e)
         for (v, u), (e, _d) in pairs.items()
         if (v, u, method) in plan
     ]
-    if both:
-        tol = 1e-9
-        above = sum(1 for *_k, p, a in both if a > p * (1 + tol) + tol)
-        below = sum(1 for *_k, p, a in both if a < p * (1 - tol) - tol)
-        parts.append(
-            f"<p>{len(both)} pairs: <strong>{len(both) - above - below}</strong> equal to the "
-            f"plan, <strong>{above}</strong> above it, <strong>{below}</strong> below it.</p>"
-        )
-        fin = [(p, a, f"{u}→{v}: plan {_num(p)}, audit {_num(a)}") for v, u, p, a in both]
-        fin = [x for x in fin if math.isfinite(x[0]) and math.isfinite(x[1])]
-        parts.append(
-            _scatter(fin, xlabel="planned ε (fault-free)", ylabel="audited ε", diagonal=True)
-        )
-        diff = sorted(both, key=lambda x: -abs(x[3] - x[2]) if math.isfinite(x[3] - x[2]) else 0)
-        shown = [x for x in diff if x[3] != x[2]][:20]
-        if shown:
-            parts.append("<p>largest differences:</p>")
-            parts.append(
-                _table(
-                    ["observer v", "source u", "plan ε", "audit ε"],
-                    [[str(v), str(u), _num(p), _num(a)] for v, u, p, a in shown],
-                    {0, 1, 2, 3},
-                )
-            )
-    else:
+    if not both:
         parts.append('<p class="muted">no planned losses to compare with</p>')
+        return parts
+    tol = 1e-9
+    above = sum(1 for *_k, p, a in both if a > p * (1 + tol) + tol)
+    below = sum(1 for *_k, p, a in both if a < p * (1 - tol) - tol)
+    parts.append(
+        f"<p>{len(both)} pairs: <strong>{len(both) - above - below}</strong> equal to the "
+        f"plan, <strong>{above}</strong> above it, <strong>{below}</strong> below it.</p>"
+    )
+    fin = [(p, a, f"{u}→{v}: plan {_num(p)}, audit {_num(a)}") for v, u, p, a in both]
+    fin = [x for x in fin if math.isfinite(x[0]) and math.isfinite(x[1])]
+    parts.append(_scatter(fin, xlabel="planned ε (fault-free)", ylabel="audited ε", diagonal=True))
+    diff = sorted(both, key=lambda x: -abs(x[3] - x[2]) if math.isfinite(x[3] - x[2]) else 0)
+    shown = [x for x in diff if x[3] != x[2]][:20]
+    if shown:
+        parts.append("<p>largest differences:</p>")
+        parts.append(
+            _table(
+                ["observer v", "source u", "plan ε", "audit ε"],
+                [[str(v), str(u), _num(p), _num(a)] for v, u, p, a in shown],
+                {0, 1, 2, 3},
+            )
+        )
+    return parts
 
+
+def _notes(audit: dict, notes: list[str]) -> list[str]:
+    """The report's own notes, then the audit's (folded)."""
     audit_notes = [x for x in audit.get("notes", []) if isinstance(x, dict)]
-    parts.append('<h2 id="notes">Notes</h2>')
+    parts = ['<h2 id="notes">Notes</h2>']
     if notes:
         parts.append("<ul>" + "".join(f"<li>{_e(x)}</li>" for x in notes) + "</ul>")
     if audit_notes:
@@ -645,8 +690,7 @@ def build_html(
         )
     if not notes and not audit_notes:
         parts.append("<p>none</p>")
-    parts.append(f"<script>{SCRIPT}</script></body></html>\n")
-    return "".join(parts)
+    return parts
 
 
 def write_html(

@@ -6,18 +6,17 @@ build itself cannot reach a registry or an index."""
 from __future__ import annotations
 
 import functools
-import os
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from ci import IN_CI
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_IMAGE = "coordinator-free-peer:test"
 BASE_IMAGE = "cfree-base:bookworm"
-IN_CI = os.environ.get("CI") == "true"
 
 
 def need(what: str, ok: bool) -> None:

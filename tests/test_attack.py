@@ -21,9 +21,9 @@ from netrun import cfree
 
 import coordinator_free
 from coordinator_free import config
-from coordinator_free.engine.memnet import run_config
 from coordinator_free.families.averaging import attack, node
 from coordinator_free.families.averaging.protocol import make_plan
+from coordinator_free.inmemory import run_config
 from coordinator_free.privacy import muffliato as acct
 from coordinator_free.viewlog import read_viewlog
 

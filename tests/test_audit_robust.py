@@ -15,36 +15,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from auditruns import RUNS, make_run
 from logfuzz import Log, encode, entries, fuzz, planned, verdict
 from memrun import write_run_dir
 
 from coordinator_free import config, rundir
 from coordinator_free.accounting import audit
-from coordinator_free.engine.memnet import Faults, run_config
+from coordinator_free.engine.memnet import Faults
 from coordinator_free.families import family_of
+from coordinator_free.inmemory import run_config
 from coordinator_free.viewlog import ViewLogWriter, read_viewlog
 
 ROOT = Path(__file__).resolve().parent.parent
 EX = ROOT / "examples"
-
-RUNS = {
-    "muffliato": (None, ["graph.nodes=4", "protocol.steps=4"], None),
-    "randomized-gossip": (EX / "randomized-gossip-ring.toml", ["graph.nodes=5", "protocol.steps=14"], None),
-    "muffliato-gd": (
-        EX / "muffliato-gd-breast-cancer.toml",
-        ["graph.nodes=4", "protocol.rounds=2", "protocol.gossip_steps=2"],
-        None,
-    ),
-    "dsgd": (EX / "dsgd-breast-cancer.toml", ["graph.nodes=4", "protocol.rounds=3", "log.values=false"], None),
-    # Values missed at their step and logged late: a realised fault with intact logs.
-    "muffliato-late": (None, ["graph.nodes=4", "protocol.steps=5"], Faults(delay=(0.001, 1.6))),
-}  # fmt: skip
-
-
-def make_run(name: str, out: Path) -> Path:
-    path, sets, faults = RUNS[name]
-    cfg = config.load(path, [*sets, "network.deadline_s=1"])
-    return write_run_dir(cfg, run_config(cfg, faults, seed=1), out)
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,10 @@ from memrun import write_run_dir
 
 from coordinator_free import config
 from coordinator_free.accounting.loss import LOSS_KEYS
-from coordinator_free.engine.memnet import Faults, run_config
+from coordinator_free.engine.memnet import Faults
 from coordinator_free.families import family_of
 from coordinator_free.families.walk import accountant as walk_acct
+from coordinator_free.inmemory import run_config
 from coordinator_free.viewlog import RESERVED_FIELDS, ViewLogWriter, read_viewlog
 
 EX = Path(__file__).resolve().parent.parent / "examples"

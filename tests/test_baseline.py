@@ -14,7 +14,7 @@ from memrun import write_run_dir
 from coordinator_free import cli, config
 from coordinator_free.accounting import audit, baseline
 from coordinator_free.accounting.core import Units
-from coordinator_free.engine.memnet import run_config
+from coordinator_free.inmemory import run_config
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

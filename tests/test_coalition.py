@@ -15,9 +15,10 @@ from memrun import write_run_dir
 
 import coordinator_free
 from coordinator_free import config
-from coordinator_free.engine.memnet import Faults, run_config
+from coordinator_free.engine.memnet import Faults
 from coordinator_free.families import family_of
 from coordinator_free.families.averaging import coalition
+from coordinator_free.inmemory import run_config
 from coordinator_free.privacy import muffliato as acct
 from tests import gossipviews as accountant
 from tests.gossipviews import replay

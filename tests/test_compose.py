@@ -453,7 +453,7 @@ def test_killed_peer_container_is_recorded_by_survivors_and_the_audit(
 def test_the_auditor_role_leaves_a_current_audit_alone_and_redoes_a_stale_one(tmp_path, capsys):
     from memrun import write_run_dir
 
-    from coordinator_free.engine.memnet import run_config
+    from coordinator_free.inmemory import run_config
 
     cfg = config.load(None, ["graph.nodes=4", "protocol.steps=3"])
     run = write_run_dir(cfg, run_config(cfg, None, seed=1), tmp_path / "run")

@@ -275,8 +275,9 @@ def test_killed_peer_drops_its_pairs_and_the_audit_counts_the_realised_pairs(tmp
     for v in (1, 3):
         assert per_node[v] > planned[v] * 1.05, (v, per_node[v], planned[v])
     assert per_node[victim] < planned[victim]  # it published only its first rounds
-    kinds = {x["kind"] for x in rep["notes"]}
-    assert "one-sided-terms" in kinds or rp["matched_pair_rounds"] < N * R
+    # The victim's pair with each neighbour v stops cancelling at v's first round without it
+    # (one-sided terms from a kill mid-round are noted apart, and depend on the timing).
+    assert rp["matched_pair_rounds"] <= N * R - sum(R - f for f in drops.values()), (rp, drops)
 
 
 # ----------------------------------------------------------------------- 4. calibration, config

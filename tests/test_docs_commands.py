@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 
 import pytest
+from ci import IN_CI
 from doccmds import REPO, DocCommand, all_commands, commands_of
 
 from coordinator_free.cli import build_parser
 
-IN_CI = os.environ.get("CI") == "true"
 COMMANDS = all_commands()
 
 # Commands that would take minutes, made smaller: doc path and command text -> the text run.

@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from tests.test_lab import _netns_available, lab_name, needs_netns  # noqa: F401  (the fixture)
+from netnslab import lab_name, needs_netns
 
 pytestmark = pytest.mark.slow
 

@@ -49,8 +49,8 @@ from memrun import write_run_dir
 
 from coordinator_free import config, htmlreport, report, rundir
 from coordinator_free.accounting import audit
-from coordinator_free.engine.memnet import run_config
 from coordinator_free.families import catalog, family_of
+from coordinator_free.inmemory import run_config
 
 ROOT = Path(__file__).resolve().parent.parent
 EX = ROOT / "examples"

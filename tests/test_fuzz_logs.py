@@ -7,12 +7,12 @@ from __future__ import annotations
 import time
 
 import pytest
+from auditruns import EX, RUNS, make_run
 from logfuzz import fuzz_many
 from memrun import write_run_dir
-from test_audit_robust import EX, RUNS, make_run
 
 from coordinator_free import config
-from coordinator_free.engine.memnet import run_config
+from coordinator_free.inmemory import run_config
 
 CASES = 10_000
 

@@ -16,10 +16,11 @@ from netrun import cfree
 import coordinator_free
 from coordinator_free import config
 from coordinator_free.accounting.audit import audit_run, plan_report
-from coordinator_free.engine.memnet import node_streams, run_config
+from coordinator_free.engine.memnet import node_streams
 from coordinator_free.errors import ConfigError
 from coordinator_free.families import family_of
 from coordinator_free.families.learning import secret
+from coordinator_free.inmemory import run_config
 from tests import gossipviews as accountant
 
 REPO = Path(coordinator_free.__file__).resolve().parents[1]

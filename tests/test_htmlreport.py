@@ -8,7 +8,6 @@ of skipping them."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -16,14 +15,14 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from ci import IN_CI
 from memrun import write_run_dir
 
 from coordinator_free import config, htmlreport
 from coordinator_free.accounting.audit import audit_run, save_audit
-from coordinator_free.engine.memnet import run_config
+from coordinator_free.inmemory import run_config
 from coordinator_free.report import render_report
 
-IN_CI = os.environ.get("CI") == "true"
 N = 8
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -16,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ci import IN_CI
 
 from coordinator_free.cli import main
 
-IN_CI = os.environ.get("CI") == "true"
 EX = Path(__file__).resolve().parents[1] / "examples"
 
 

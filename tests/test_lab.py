@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from netnslab import lab_name, needs_netns
 from netrun import assert_audit_equals_plan
 
 import coordinator_free
@@ -39,45 +40,6 @@ from coordinator_free.viewlog import read_viewlog
 N = 8
 REPO = Path(coordinator_free.__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-
-
-def _why_no_netns() -> str | None:
-    if shutil.which("ip") is None:
-        return "needs iproute2's `ip` command to create network namespaces"
-    if os.geteuid() != 0:
-        return "needs root to create network namespaces"
-    return None
-
-
-IN_CI = os.environ.get("CI") == "true"
-
-
-def _unavailable(reason: str | None) -> None:
-    """Skip, saying why, when something a test needs is missing; in CI (CI=true) fail instead,
-    so a CI runner without it cannot pass by silently skipping the test."""
-    if reason is None:
-        return
-    if IN_CI:
-        pytest.fail(f"{reason} (CI=true: failing instead of skipping)", pytrace=False)
-    pytest.skip(reason)
-
-
-@pytest.fixture
-def _netns_available() -> None:
-    _unavailable(_why_no_netns())
-
-
-@pytest.fixture
-def _ip_available() -> None:
-    _unavailable(None if shutil.which("ip") else "needs iproute2's `ip` command")
-
-
-# Tests that create namespaces: skipped without root or `ip`, failed for that in CI.
-needs_netns = pytest.mark.usefixtures("_netns_available")
-
-
-def lab_name(tag: str) -> str:
-    return f"t{os.getpid()}{tag}"
 
 
 def namespaces_of(name: str) -> list[str]:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from asyncnet import bound_socket, next_of, wait_until
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import (
     Encoding,
@@ -32,7 +33,6 @@ from cryptography.hazmat.primitives.serialization import (
 from coordinator_free.net.linkfaults import FAULT_COUNTS, LinkFaults
 from coordinator_free.net.transport import Inbound, PeerDown, PeerGone, PeerNet, PeerUp
 from coordinator_free.net.wire import Message
-from tests.test_transport import bound_socket, next_of, wait_until
 
 RUN = b"liveness-test-run"
 KEYS = {i: X25519PrivateKey.generate() for i in range(4)}

@@ -8,8 +8,8 @@ from memrun import write_run_dir
 
 from coordinator_free import config
 from coordinator_free.cli import main
-from coordinator_free.engine.memnet import run_config
 from coordinator_free.families import family_of
+from coordinator_free.inmemory import run_config
 from coordinator_free.viewlog import read_viewlog
 
 

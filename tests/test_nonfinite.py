@@ -9,11 +9,11 @@ import dataclasses
 
 import numpy as np
 import pytest
-from test_memnet import cfg_of
+from memcases import cfg_of
 
 from coordinator_free.engine.events import Send
-from coordinator_free.engine.memnet import run_config
 from coordinator_free.families import family_of
+from coordinator_free.inmemory import run_config
 
 BAD = 1
 

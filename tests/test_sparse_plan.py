@@ -10,8 +10,8 @@ import pytest
 from memrun import write_run_dir
 
 from coordinator_free import config, graphs
-from coordinator_free.engine.memnet import run_config
 from coordinator_free.families import family_of
+from coordinator_free.inmemory import run_config
 from coordinator_free.privacy.muffliato import plan_factors
 
 

@@ -12,10 +12,10 @@ import logging
 import socket
 import struct
 import time
-from collections.abc import Callable
 
 import numpy as np
 import pytest
+from asyncnet import bound_socket, next_of, wait_until
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
@@ -36,28 +36,6 @@ RUN = b"transport-test-run"
 N = 6
 KEYS = {i: X25519PrivateKey.generate() for i in range(N)}
 ROSTER = {i: k.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) for i, k in KEYS.items()}
-
-
-def bound_socket() -> socket.socket:
-    """A socket bound to a free loopback port, not yet listening (connects are refused)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    return sock
-
-
-async def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached within the deadline")
-        await asyncio.sleep(0.005)
-
-
-async def next_of(net: PeerNet, kind: type, timeout: float = 5.0):
-    """The next event of type ``kind`` (others are returned too if they come first: fail)."""
-    ev = await net.next_event(timeout)
-    assert isinstance(ev, kind), f"node {net.node_id}: expected {kind.__name__}, got {ev!r}"
-    return ev
 
 
 class Cluster:

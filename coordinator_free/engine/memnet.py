@@ -36,7 +36,6 @@ from __future__ import annotations
 import hashlib
 import heapq
 import random
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -456,34 +455,3 @@ def node_streams(seed: int, n: int, cfg=None) -> seeds.PerNodeStreams:
         )
         by_node[v].peer_keys = public
     return seeds.PerNodeStreams(by_node)
-
-
-def run_config(
-    cfg,
-    faults: Faults | None = None,
-    *,
-    seed: int = 0,
-    max_time: float = 1e7,
-    engine_of: Callable[[Any, Any, int, Any], Engine] | None = None,
-) -> MemRun:
-    """Run ``cfg``'s protocol on the in-memory network: the family's node engines, one per
-    node, with ``faults``."""
-    from coordinator_free.families import family_of
-
-    family = family_of(cfg.protocol.name)
-    plan = family.make_plan(cfg)
-    streams = node_streams(seed, plan.n, cfg)
-    if faults is None and cfg.faults.inject:
-        faults = Faults.of_config(cfg)
-    make = engine_of or family.node_engine
-    engines = {v: make(cfg, plan, v, streams.node(v)) for v in range(plan.n)}
-    net = MemNet(
-        engines,
-        {v: plan.neighbours(v) for v in range(plan.n)},
-        faults,
-        seed=seed,
-        max_time=max_time,
-    )
-    run = net.run()
-    run.streams = streams
-    return run

@@ -1,7 +1,8 @@
 """The token engine of a node: tokens handed from holder to holder (sans-IO: the peer shell or
 the in-memory network feeds it events and the time, and performs the sends and log records it
-returns). While a token stays with the node it follows the walk's hop loop
-(:func:`coordinator_free.families.walk.protocol.hops`, the simulator's loop too).
+returns). While a token stays with the node it follows the hop loop of the protocol's
+:class:`TokenRules` (the family hands them in, as a step engine takes its program; the walk's
+are its protocol's ``hops``, the simulator's loop too).
 
 Hand-off of token j at step s from holder a to b (each message names (j, s)):
 
@@ -41,6 +42,7 @@ loss and end. Never its data, its noise or its hop draws.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,8 +57,21 @@ from coordinator_free.engine.events import (
     PeerUp,
 )
 from coordinator_free.engine.step import DOWN_GRACE_DEADLINES
-from coordinator_free.families.walk import protocol as wk
 from coordinator_free.net.wire import Message
+from coordinator_free.viewlog import value_digest
+
+
+@dataclass(frozen=True)
+class TokenRules:
+    """What a token protocol tells the engine: the token a walk starts with
+    (``initial_token(plan, token, streams, cfg)``), the hop loop while the token stays with a
+    holder (``hops(plan, cfg, token, node, step, tau, counts, streams)``, yielding hops with
+    ``s``, ``tau``, ``used`` and ``nxt``), and the re-route draw
+    (``next_hop(plan, node, token, step, streams, exclude, attempt)``)."""
+
+    initial_token: Callable
+    hops: Callable
+    next_hop: Callable
 
 
 @dataclass
@@ -104,7 +119,8 @@ def run_bound(plan, deadline: float) -> float:
 class TokenEngine:
     """One node of a token protocol (sans-IO: events and time in, actions out)."""
 
-    def __init__(self, plan, cfg, node, streams, deadline, log_values):
+    def __init__(self, plan, cfg, node, streams, deadline, log_values, rules: TokenRules):
+        self.rules = rules
         self.plan, self.cfg = plan, cfg
         self.node, self.streams, self.deadline = node, streams, deadline
         self.log_values = log_values
@@ -140,8 +156,8 @@ class TokenEngine:
         plan = self.plan
         for j in range(plan.tokens):
             if plan.start(j) == self.node:
-                tau = wk.initial_token(plan, j, self.streams, self.cfg)
-                self.out.log("token-start", token=j, digest=wk.digest(tau))
+                tau = self.rules.initial_token(plan, j, self.streams, self.cfg)
+                self.out.log("token-start", token=j, digest=value_digest(tau))
                 self.hold(j, 0, tau)
         self._end_at = now + self.bound_s
         self._check(now)
@@ -214,7 +230,7 @@ class TokenEngine:
     # ------------------------------------------------------------------------------ helpers
 
     def _log_value(self, kind: str, token: int, step: int, peer: int, value, **extra) -> None:
-        fields = {"token": token, "step": step, "peer": peer, "digest": wk.digest(value)}
+        fields = {"token": token, "step": step, "peer": peer, "digest": value_digest(value)}
         if self.log_values:
             fields["value"] = value
         self.out.log(kind, **fields, **extra)
@@ -237,7 +253,9 @@ class TokenEngine:
     def hold(self, token: int, step: int, tau: np.ndarray) -> None:
         """Make steps from ``step`` on while the token stays here, then offer it on."""
         counts = self.counts.setdefault(token, {})
-        for h in wk.hops(self.plan, self.cfg, token, self.node, step, tau, counts, self.streams):
+        for h in self.rules.hops(
+            self.plan, self.cfg, token, self.node, step, tau, counts, self.streams
+        ):
             self.steps_made += 1
             self.out.log("token-step", token=token, step=h.s, data=h.used)
             self._progress(h.s + 1)
@@ -263,7 +281,7 @@ class TokenEngine:
         self.reroutes.append({"token": token, "step": o.step, "peer": o.to, "reason": reason})
         self._send(o.to, Message(kind="token_abort", round=token, step=o.step))
         excluded = o.excluded | {o.to}
-        nxt = wk.next_hop(
+        nxt = self.rules.next_hop(
             self.plan, self.node, token, o.step - 1, self.streams, excluded, o.attempt + 1
         )
         if nxt is None:
@@ -360,7 +378,9 @@ class TokenEngine:
             del self.offers[token]
             self.custody[token] = _Custody(peer, step, o.value, o.attempt, self._now)
             self._send(peer, Message(kind="token_commit", round=token, step=step))
-            self.out.log("token-send", token=token, step=step, peer=peer, digest=wk.digest(o.value))
+            self.out.log(
+                "token-send", token=token, step=step, peer=peer, digest=value_digest(o.value)
+            )
             self.forwarded[token] = step
             frm = self.came_from.pop(token, None)
             if frm is not None:

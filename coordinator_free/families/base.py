@@ -56,6 +56,14 @@ class Family:
         """The L2 sensitivity in use when ``privacy.sensitivity`` is not set."""
         return 1.0
 
+    def accepts_no_noise(self, cfg) -> bool:
+        """True when ``privacy.sigma = 0`` is accepted (plain gossip or plain D-GD, no privacy,
+        to show what ``cfree attack`` reconstructs without noise): the protocols
+        ``catalog.NO_NOISE`` lists."""
+        from coordinator_free.families import catalog
+
+        return cfg.protocol.name in catalog.NO_NOISE
+
     # ------------------------------------------------------------------ config and plan
 
     def validate(self, cfg, source: str) -> None:
