@@ -274,7 +274,10 @@ def test_killed_peer_drops_its_pairs_and_the_audit_counts_the_realised_pairs(tmp
     planned = plan_rep["secldp"]["per_node_eps"]
     for v in (1, 3):
         assert per_node[v] > planned[v] * 1.05, (v, per_node[v], planned[v])
-    assert per_node[victim] < planned[victim]  # it published only its first rounds
+    # It published only its first rounds, but its log is cut: the audit cannot certify that,
+    # so its figure is the plan's, and what the logs gave is kept beside it.
+    assert per_node[victim] == planned[victim]
+    assert rep["secldp"]["lists_from_logs"]["per_node_eps"][victim] < planned[victim]
     # The victim's pair with each neighbour v stops cancelling at v's first round without it
     # (one-sided terms from a kill mid-round are noted apart, and depend on the timing).
     assert rp["matched_pair_rounds"] <= N * R - sum(R - f for f in drops.values()), (rp, drops)

@@ -126,7 +126,7 @@ def test_cli_run_default_prints_summary(tmp_path):
     b = audit["baseline"]
     assert b["pairs"] == 64 * 63 and b["amplified"] == 3200  # distances 2, 3 and 4
     assert f"{b['amplified']} of {b['pairs']} ordered pairs" in text
-    assert "fully exposed" in text and "local DP is eps = 4.728" in text
+    assert "fully exposed" in text and "local DP is eps = 4.377" in text
 
 
 def test_killed_peer_is_recorded_and_the_run_still_ends(tmp_path):

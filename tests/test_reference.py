@@ -140,7 +140,7 @@ def test_central_dp_is_presented_as_central_dp(tmp_path, capsys):
     ex = str(EX / "central-dp-breast-cancer.toml")
     assert main(["plan", ex]) == 0
     text = capsys.readouterr().out
-    assert "central DP (a trusted curator, no peers, no graph): every user loses eps = 39.7931" in (
+    assert "central DP (a trusted curator, no peers, no graph): every user loses eps = 37.6225" in (
         text.replace("\n  ", " ")
     )
     assert "dist  pairs" not in text and "spectral gap" not in text

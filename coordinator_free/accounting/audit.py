@@ -293,8 +293,10 @@ def _floor_block(block: dict, ref: dict, why: str) -> None:
         if isinstance(value, dict) and isinstance(r, dict):
             _floor_block(value, r, why)
         elif key.endswith("eps") and isinstance(value, list) and isinstance(r, list):
-            if len(r) == len(value):
-                block[key] = [a if _at_least(a, b) else b for a, b in zip(value, r, strict=True)]
+            raised = [a if _at_least(a, b) else b for a, b in zip(value, r, strict=False)]
+            if len(r) == len(value) and raised != value:
+                block.setdefault("lists_from_logs", {})[key] = value
+                block[key] = raised
     if _num(ref.get("eps")) and not _at_least(block.get("eps"), ref["eps"]):
         block["from_logs"] = {k: v for k, v in block.items() if not isinstance(v, dict | list)}
         block.update({k: v for k, v in ref.items() if not isinstance(v, dict | list)})

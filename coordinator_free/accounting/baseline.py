@@ -71,6 +71,8 @@ def cap_entry(entry: dict, ldp: dict) -> bool:
     exceeds = False
     for key, ldp_key in _CAPPED:
         have, bound = entry.get(key), ldp.get(ldp_key)
+        if ldp_key == "eps" and entry.get("conversion") != "gaussian" and "eps_rdp" in ldp:
+            bound = ldp["eps_rdp"]  # a Renyi bound is capped by local DP in its conversion
         if _is_num(have) and _is_num(bound):
             entry[f"{key}_usable"] = min(float(have), float(bound))
             exceeds = exceeds or above(float(have), float(bound))

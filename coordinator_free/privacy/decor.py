@@ -590,14 +590,21 @@ def conversions(rho_total: float, delta: float) -> dict:
     }
 
 
-def rho_for_eps(target_eps: float, delta: float) -> float:
-    """Total rho whose improved-conversion eps is target_eps (bisection on log rho, relative
-    1e-12). Returns the lower end, so eps_from_rho(result) <= target_eps."""
+def _eps_of(rho: float, delta: float, gaussian: bool) -> float:
+    """The eps of a run whose per-user view is a Gaussian mechanism with mu^2 = 2 rho: its exact
+    profile (``gaussian``), or the improved RDP conversion of its curve."""
+    return rdp.eps_gaussian(rho, delta) if gaussian else rdp.eps_from_rho(rho, delta)[0]
+
+
+def rho_for_eps(target_eps: float, delta: float, *, gaussian: bool = False) -> float:
+    """Total rho whose eps is target_eps (bisection on log rho, relative 1e-12): by the
+    improved RDP conversion, or the exact Gaussian profile with ``gaussian``. Returns the lower
+    end, so the eps of the result is <= target_eps."""
     if not (math.isfinite(target_eps) and target_eps > 0):
         raise ValueError(f"target_eps must be a finite positive number, got {target_eps!r}")
 
     def eps(r: float) -> float:
-        return rdp.eps_from_rho(r, delta)[0]
+        return _eps_of(r, delta, gaussian)
 
     lo = hi = 1.0
     if eps(1.0) > target_eps:
@@ -650,8 +657,11 @@ def calibrate_pairs(
     sensitivity: float,
     honest_n: int,
     grid: int = 50,
+    gaussian: bool = False,
 ) -> dict:
-    """(sigma_cdp, sigma_cor) pairs reaching target_eps after ``rounds`` rounds (App. D.1).
+    """(sigma_cdp, sigma_cor) pairs reaching target_eps after ``rounds`` rounds (App. D.1),
+    target_eps measured by the exact Gaussian profile with ``gaussian``, else by the improved
+    RDP conversion.
 
     ``step_rho_worst(sigma_cdp, sigma_cor)``: worst per-round rho over users (e.g.
     ``lambda a, b: spectral.worst_step_rho(a, b, sensitivity)``). sigma_cdp runs over
@@ -666,7 +676,7 @@ def calibrate_pairs(
         raise ValueError("rounds, honest_n and grid must be >= 1")
     if not (math.isfinite(sensitivity) and sensitivity > 0):
         raise ValueError(f"sensitivity must be a finite positive number, got {sensitivity!r}")
-    rho_target = rho_for_eps(target_eps, delta)
+    rho_target = rho_for_eps(target_eps, delta, gaussian=gaussian)
     rho1 = rho_target / rounds
     sigma_ldp = sensitivity / math.sqrt(2.0 * rho1)
     sigma_floor = sigma_ldp / math.sqrt(honest_n)
@@ -689,7 +699,7 @@ def calibrate_pairs(
                 "sigma_cdp": s_cdp,
                 "sigma_cor": s_cor,
                 "rho_step": r,
-                "eps": rdp.eps_from_rho(rounds * r, delta)[0],
+                "eps": _eps_of(rounds * r, delta, gaussian),
             }
         )
     if not pairs:

@@ -646,6 +646,7 @@ def calibrate(cfg: Config, target_eps: float, *, which: str = "mid", grid: int =
         sensitivity=sens,
         honest_n=plan.n - q,
         grid=grid,
+        gaussian=True,  # the exact column: the Gaussian profile of the worst user's view
     )
     chosen = dacct.choose_pair(cal, which)
     c = dataclasses.replace(

@@ -162,14 +162,17 @@ def contributions_bound(plan: wk.WalkPlan) -> float:
     return acct.contribution_bound(plan.n, plan.hops * plan.tokens, plan.delta / 3)[0]
 
 
-def ldp_baseline(plan: wk.WalkPlan) -> dict:
-    """What every node's contributions would cost if every observer saw each of them."""
+def ldp_baseline(plan: wk.WalkPlan, method: str = "exact") -> dict:
+    """What every node's contributions would cost if every observer saw each of them: in the
+    conversion of the method's Gaussian figures (a ``paper`` report states local DP, the cap of
+    its theorems, in the RDP conversion)."""
     N = contributions_bound(plan)
     if plan.kind == "histogram":
         k = max(1, int(np.ceil(N)))
         eps = min(k * plan.eps0, acct.advanced_composition(plan.eps0, k, plan.delta))
         return loss.eps_only(eps).entry(contributions=N)
-    return converter(plan)(N).entry(contributions=N)
+    convert = converter(plan) if method == "exact" else units_of(plan).rdp_bound
+    return convert(N).entry(contributions=N)
 
 
 def paper_eps(plan: wk.WalkPlan, *, sender_known: bool = True) -> tuple[np.ndarray, dict]:
@@ -308,7 +311,7 @@ def plan_report(cfg: Config, plan: wk.WalkPlan, *, source: int | None, method: s
         "spectral_gap": plan.spectral_gap,
         "sigma": plan.sigma,
         "sensitivity": plan.sensitivity,
-        "ldp": ldp_baseline(plan),
+        "ldp": ldp_baseline(plan, method),
         "accounting": accounting_note(plan, planned=True),
     }
     if plan.kind == "histogram":
@@ -378,9 +381,9 @@ def worst_case_losses(cfg: Config, plan: wk.WalkPlan, observers) -> dict[int, di
     walk can only narrow the windows between sightings, and a window holding one contribution
     of the source and the noise around it costs at most one local-DP release, so this caps what
     any view of the walk can give; the planned entry is kept where it is larger."""
-    ldp = ldp_baseline(plan)
+    ldp = {m: ldp_baseline(plan, m) for m in METHODS}
     return {
-        v: {key: loss.at_least(x, ldp) for key, x in cells.items()}
+        v: {key: loss.at_least(x, ldp[key[1]]) for key, x in cells.items()}
         for v, cells in planned_losses(cfg, plan, observers).items()
     }
 
@@ -873,7 +876,7 @@ def calibrate(cfg: Config, target_eps: float, *, method: str, budget: str) -> di
         p = dataclasses.replace(plan, sigma=sigma)
         # eps grows with the factor, so the worst pair is the largest factor.
         # A paper theorem above local DP is not a usable bound there: local DP is.
-        ldp = ldp_baseline(p)
+        ldp = ldp_baseline(p, method)
         M = F if F is not None else np.minimum(paper_eps(p)[0], ldp["eps"])
         v, s = argmax_tied(np.where(off, M, -np.inf))
         if F is not None:
