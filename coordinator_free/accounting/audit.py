@@ -30,7 +30,7 @@ from coordinator_free.accounting.core import (  # noqa: F401  (the accounting AP
     units_of,
     write_json,
 )
-from coordinator_free.accounting.loss import LOSS_KEYS
+from coordinator_free.accounting.loss import LOSS_KEYS, at_least
 from coordinator_free.families import family_of
 
 
@@ -243,8 +243,10 @@ def floor(rep: dict, fam, cfg, plan, wanted: list[int], *, failed: bool = False)
                 x = {"source": src, "method": m, "distance": int(dist[src]), **p}
                 o["losses"].append(x)
             elif not _at_least(x.get("eps"), p["eps"]):
-                x["from_logs"] = {k: x.get(k) for k in LOSS_KEYS if k in x}
-                x.update({k: p[k] for k in LOSS_KEYS if k in p})
+                raised = at_least(x, p)
+                raised["from_logs"] = {k: x.get(k) for k in LOSS_KEYS if k in x}
+                x.clear()  # the entry stays in its list, raised in place
+                x.update(raised)
             elif basis != "worst-case":
                 continue
             x["basis"] = basis

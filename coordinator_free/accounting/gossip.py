@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from coordinator_free import graphs
-from coordinator_free.accounting import summary
+from coordinator_free.accounting import loss, summary
 from coordinator_free.accounting.core import (
     METHODS,
     AuditError,
@@ -183,9 +183,7 @@ def worst_case_losses(views: Views, cfg, plan, observers: list[int]) -> dict[int
     planned = planned_losses(views, cfg, plan, observers)
     for per in planned.values():
         for key, p in per.items():
-            cap = ldp[key[1]]
-            if cap["eps"] > p["eps"]:
-                per[key] = {**p, **cap}
+            per[key] = loss.at_least(p, ldp[key[1]])
     return planned
 
 

@@ -135,19 +135,21 @@ _NUMERIC = ("factor", "rdp", "eps", "eps_rdp")
 
 
 def at_least(entry: dict, floor: dict) -> dict:
-    """The entry raised to ``floor`` key by key (factor, rdp, eps, eps_rdp: the larger; a key the
-    entry leaves None stays None, so an eps-only bound stays eps-only); the conversion is that
-    of whichever gives the eps. Other keys of ``entry`` are kept."""
+    """The entry raised to ``floor``: factor and rdp key by key (the larger; a key the entry
+    leaves None stays None, so an eps-only bound stays eps-only), and where the floor's eps is
+    larger, the floor's eps with how it was obtained (conversion, eps_rdp, alpha_max: one
+    consistent figure). Other keys of ``entry`` are kept."""
     out = dict(entry)
-    for key in _NUMERIC:
+    for key in ("factor", "rdp"):
         a, b = entry.get(key), floor.get(key)
-        if a is None or key not in entry:
-            continue
-        out[key] = float(a) if not _num(b) else max(float(a), float(b))
+        if a is not None and _num(b):
+            out[key] = max(float(a), float(b))
     if _num(floor.get("eps")) and not (_num(entry.get("eps")) and entry["eps"] >= floor["eps"]):
-        out["eps"] = float(floor["eps"])
-        if "conversion" in floor:
-            out["conversion"] = floor["conversion"]
+        for key in ("eps", "eps_rdp", "alpha_max", "conversion"):
+            if key in floor:
+                out[key] = floor[key]
+            else:
+                out.pop(key, None)
     return out
 
 
