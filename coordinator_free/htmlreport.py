@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator_free import rundir
+from coordinator_free.accounting.baseline import BELOW_LEGEND, BELOW_MARK
 
 HEAT_MAX = 96
 #: The viridis colour map at five points (0, 0.25, 0.5, 0.75, 1).
@@ -149,15 +150,19 @@ def _axis_ticks(lo: float, hi: float, k: int = 5) -> list[float]:
     return [lo + (hi - lo) * i / (k - 1) for i in range(k)]
 
 
-def heatmap_svg(n: int, eps: dict[tuple[int, int], float], ldp: float) -> str:
+def heatmap_svg(
+    n: int, eps: dict[tuple[int, int], float], ldp: float, marks: Any = frozenset()
+) -> str:
     """Rows observer v, columns source u; blocks of several nodes (showing their largest eps)
-    beyond HEAT_MAX nodes."""
+    beyond HEAT_MAX nodes. ``marks``: the (v, u) pairs whose figure is below the exact loss
+    (a ``!`` on the cell, or on a block holding one)."""
     block = max(1, math.ceil(n / HEAT_MAX))
     m = math.ceil(n / block)
     cells: dict[tuple[int, int], float] = {}
     for (v, u), x in eps.items():
         key = (v // block, u // block)
         cells[key] = max(cells.get(key, -math.inf), x)
+    marked = {(v // block, u // block) for v, u in marks}
     finite = [x for x in cells.values() if math.isfinite(x)]
     vmax = max([*finite, ldp if math.isfinite(ldp) else 0.0, 1e-12])
     size = max(4, min(36, 640 // m))
@@ -177,11 +182,15 @@ def heatmap_svg(n: int, eps: dict[tuple[int, int], float], ldp: float) -> str:
             vr = f"{v0}–{min(n, v0 + block) - 1}"
             ur = f"{u0}–{min(n, u0 + block) - 1}"
             what = f"observers {vr} ← sources {ur}: largest ε = {_num(x)}"
+        if (bv, bu) in marked:
+            what += f" {BELOW_MARK} (below the exact loss)"
         parts.append(
             f'<rect class="cell" x="{pad + bu * size}" y="{pad + bv * size}" width="{size}" '
             f'height="{size}" fill="{colour}" data-v="{bv}" data-u="{bu}" data-eps="{_num(x, 6)}">'
             f"<title>{_e(what)}</title></rect>"
         )
+        if (bv, bu) in marked:
+            parts.append(_cell_mark(pad + bu * size, pad + bv * size, size))
     step = max(1, m // 8)
     for k in range(0, m, step):
         label = k * block
@@ -215,6 +224,42 @@ def heatmap_svg(n: int, eps: dict[tuple[int, int], float], ldp: float) -> str:
         + "</text></svg>"
     )
     return "".join(parts)
+
+
+def _cell_mark(x: float, y: float, size: int) -> str:
+    """The ``!`` drawn on a heat-map cell whose figure is below the exact loss."""
+    return (
+        f'<text class="below" x="{x + size / 2}" y="{y + size / 2 + 4}" text-anchor="middle" '
+        f'pointer-events="none">{BELOW_MARK}</text>'
+    )
+
+
+def below_exact(audit: dict, method: str) -> tuple[dict[tuple[int, int], float], int]:
+    """(observer, source) -> the exact eps of each ``method`` entry the accountant flagged below
+    it (``below_exact``; only paper entries are), and the count of such pairs (its
+    ``baseline.paper_below_exact``)."""
+    flagged = {
+        (o["observer"], x["source"]): float(x["eps_exact"])
+        for o in audit.get("observers", [])
+        for x in o.get("losses", [])
+        if x.get("method") == method and x.get("below_exact") is True and "eps_exact" in x
+    }
+    count = (audit.get("baseline") or {}).get("paper_below_exact") if flagged else 0
+    return flagged, max(count if isinstance(count, int) else 0, len(flagged))
+
+
+def below_exact_html(flagged: dict[tuple[int, int], float], count: int, method: str) -> str:
+    """The legend of the ``!`` mark with the count and the marked pairs beside their exact loss
+    ('' when none is marked)."""
+    if not flagged:
+        return ""
+    rows = [[str(v), str(u), _e(BELOW_MARK), _num(e)] for (v, u), e in sorted(flagged.items())]
+    return (
+        f'<p id="below-exact"><strong>{_e(BELOW_MARK)} {count} pair(s)</strong>: '
+        f"{_e(BELOW_LEGEND.removeprefix(BELOW_MARK).strip())} (the {_e(method)} figure of each "
+        "is marked on the heat map and the points).</p>"
+        + _table(["observer v", "source u", f"{method} ε", "exact ε"], rows, {0, 1, 3})
+    )
 
 
 def _scatter(
@@ -369,7 +414,7 @@ table{border-collapse:collapse;font-size:13px}td,th{padding:3px 8px;border-botto
 text-align:left}th{background:#f6f6f6}.num{text-align:right;font-variant-numeric:tabular-nums}
 .badge{display:inline-block;padding:2px 8px;border-radius:10px;font-weight:600;font-size:12px}
 .ok{background:#e3f4e5;color:#1b5e20}.bad{background:#fde7e7;color:#b71c1c}
-.muted{color:#777}.tick{font-size:10px;fill:#555}.label{font-size:12px;fill:#333}
+.muted{color:#777}.below{font-size:12px;font-weight:bold;fill:#c62828}.tick{font-size:10px;fill:#555}.label{font-size:12px;fill:#333}
 .axis{stroke:#333}.grid{stroke:#eee}.diag{stroke:#999;stroke-dasharray:4 3}
 .ldp{stroke:#c62828;stroke-dasharray:6 3}.ldp-label{fill:#c62828}
 .pt{fill:#1f77b4;fill-opacity:.55}.pt2{fill:#ff7f0e}.mean{fill:none;stroke:#ff7f0e;stroke-width:2}
@@ -489,6 +534,7 @@ def _head(title: str, audit: dict) -> list[str]:
 
 def _summary(audit, method, n, graph, ldp, pairs, summary, run_dir, cfg_text) -> list[str]:
     worst = max((e for e, _ in pairs.values()), default=None)
+    flagged, n_below = below_exact(audit, method)
     facts = [
         ("protocol", audit.get("protocol")),
         ("graph", graph),
@@ -497,6 +543,7 @@ def _summary(audit, method, n, graph, ldp, pairs, summary, run_dir, cfg_text) ->
         ("Rényi order α, δ", f"{audit.get('alpha')}, {audit.get('delta')}"),
         ("local-DP ε (one message)", _num(ldp)),
         (f"worst pairwise ε ({method})", _num(worst)),
+        *([(f"{method} figures below the exact loss ({BELOW_MARK})", n_below)] if flagged else []),
         ("wall time", f"{summary['wall_s']:.1f} s" if "wall_s" in summary else "–"),
         ("run directory", str(run_dir)),
         ("config", str(cfg_text) if cfg_text.exists() else "missing"),
@@ -550,6 +597,7 @@ def _faults(audit: dict, faults: dict, rows: list[dict]) -> list[str]:
 def _privacy_loss(audit: dict, method: str, n: int, ldp: float, pairs: dict) -> list[str]:
     """The pair map and the loss against distance (central DP: the one loss, no pairs)."""
     parts = [f'<h2 id="heatmap">Pairwise privacy loss ε(u→v), {_e(method)}</h2>']
+    flagged, n_below = below_exact(audit, method)
     if audit.get("central") is True:
         every = [
             float(x["eps"])
@@ -563,13 +611,17 @@ def _privacy_loss(audit: dict, method: str, n: int, ldp: float, pairs: dict) -> 
             f"ε = {_num(eps_c)} to anyone who sees the released models; no pairs to map.</p>"
         )
     elif pairs:
-        parts.append(heatmap_svg(n, {k: e for k, (e, _d) in pairs.items()}, ldp))
+        parts.append(heatmap_svg(n, {k: e for k, (e, _d) in pairs.items()}, ldp, flagged))
         parts.append(
             '<p id="hover" class="muted">hover a cell for its value (a click links to it)</p>'
         )
         parts.append('<p class="muted"><span id="cells">?</span> cells drawn</p>')
         pts = [
-            (float(d), e, f"{u}→{v}: ε = {_num(e)} at distance {d}")
+            (
+                float(d),
+                e,
+                f"{u}→{v}: ε = {_num(e)}{BELOW_MARK * ((v, u) in flagged)} at distance {d}",
+            )
             for (v, u), (e, d) in pairs.items()
             if isinstance(d, int) and d >= 0 and math.isfinite(e)
         ]
@@ -587,6 +639,7 @@ def _privacy_loss(audit: dict, method: str, n: int, ldp: float, pairs: dict) -> 
                 lines=[(mean, "mean", "mean per distance")],
             )
         )
+        parts.append(below_exact_html(flagged, n_below, method))
         infinite = sum(1 for e, _d in pairs.values() if math.isinf(e))
         if infinite:
             parts.append(

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from coordinator_free import rundir
+from coordinator_free.accounting.baseline import BELOW_MARK
 from coordinator_free.errors import CfreeError
 
 METHODS = ("exact", "paper")
@@ -66,6 +67,10 @@ class Audit:
     upper_bound_observers: list[int] = field(default_factory=list)
     # central DP (a trusted curator): one loss for every user, no graph to plot it against
     central: bool = False
+    # (observer v, source u) whose paper entry the accountant flagged below the exact loss of
+    # the pair (``below_exact``), and its count of them (``baseline.paper_below_exact``)
+    below_exact: set[tuple[int, int]] = field(default_factory=set)
+    paper_below_exact: int = 0
 
 
 def _is_num(x: Any) -> bool:
@@ -140,9 +145,13 @@ def load_audit(path: Path) -> Audit:
             if not isinstance(m, str):
                 raise bad(f"{lw}.method must be a string, got {m!r}")
             audit.pairs.setdefault(m, []).append((v, u, d, float(eps)))
+            if m == "paper" and loss.get("below_exact") is True:
+                audit.below_exact.add((v, u))
     integrity = doc.get("integrity", [])
     audit.integrity = integrity if isinstance(integrity, list) else [integrity]
     audit.central = doc.get("central") is True
+    count = (doc.get("baseline") or {}).get("paper_below_exact")
+    audit.paper_below_exact = max(int(count) if _is_int(count) else 0, len(audit.below_exact))
     for note in doc.get("notes", []) if isinstance(doc.get("notes"), list) else []:
         if isinstance(note, dict) and note.get("kind") == "exact-upper-bound":
             if _is_int(note.get("observer")):
@@ -295,11 +304,24 @@ def _pairs_matrix(audit: Audit, method: str) -> np.ndarray:
     return mat
 
 
-def _subtitle(audit: Audit, method: str) -> str:
+def _subtitle(audit: Audit, method: str, tail: str = "") -> str:
     plain = ", σ = 0: NO PRIVACY" if math.isinf(audit.ldp_eps) else ""
     return (
         f"method: {METHOD_LABELS.get(method, method)}, α = {audit.alpha:g}, δ = {audit.delta:g}"
         + plain
+        + tail
+        + _below_exact_title(audit, method)
+    )
+
+
+def _below_exact_title(audit: Audit, method: str) -> str:
+    """The count of marked pairs, for a plot of paper figures some of which are below the exact
+    loss of their pair ('' otherwise)."""
+    if method != "paper" or not audit.paper_below_exact:
+        return ""
+    return (
+        f"\n{BELOW_MARK} {audit.paper_below_exact} pair(s) below the exact loss: the paper's "
+        "formula is not an upper bound there"
     )
 
 
@@ -343,6 +365,18 @@ def plot_loss_vs_distance(
         lw=0,
         label=label,
     )
+    flagged = [p for p in pairs if (p[0], p[1]) in audit.below_exact and np.isfinite(p[3])]
+    if method == "paper" and flagged:
+        fj = rng.uniform(-0.12, 0.12, size=len(flagged))
+        ax.scatter(
+            [p[2] + j for p, j in zip(flagged, fj, strict=True)],
+            [p[3] for p in flagged],
+            marker="x",
+            s=30,
+            color="C3",
+            lw=1.2,
+            label=f"{BELOW_MARK} below the exact loss ({audit.paper_below_exact} pair(s))",
+        )
     ds = np.unique(dist)
     means = np.array([eps[dist == d].mean() for d in ds])
     keep = means > 0 if log else np.ones_like(means, dtype=bool)
@@ -413,10 +447,11 @@ def plot_heatmap(audit: Audit, method: str, path: Path, run_name: str, notes: li
                 if hidden[v, u]:
                     continue
                 val = float(mat[v, u])
+                mark = BELOW_MARK if method == "paper" and (v, u) in audit.below_exact else ""
                 ax.text(
                     u,
                     v,
-                    f"{val:.2g}",
+                    f"{val:.2g}{mark}",
                     ha="center",
                     va="center",
                     fontsize="x-small" if n > 8 else "small",
@@ -428,7 +463,8 @@ def plot_heatmap(audit: Audit, method: str, path: Path, run_name: str, notes: li
     ax.set_xlabel("source u (whose input leaks)")
     ax.set_ylabel("observer v (who sees the messages)")
     ax.set_title(
-        f"Pairwise privacy loss ε(u→v) — {run_name}\n{_subtitle(audit, method)}; diagonal masked",
+        f"Pairwise privacy loss ε(u→v) — {run_name}\n"
+        + _subtitle(audit, method, "; diagonal masked"),
         fontsize="medium",
     )
     _save(fig, path)
@@ -536,6 +572,11 @@ def render_report(
         notes.append(
             f"audit.json lists {len(audit.integrity)} integrity finding(s): part of the "
             "schedule was assumed (see `cfree audit`)"
+        )
+    if method == "paper" and audit.paper_below_exact:
+        notes.append(
+            f"{audit.paper_below_exact} pair(s) marked {BELOW_MARK}: the paper's formula is "
+            "below the exact loss of the pair, not an upper bound there (--method exact)"
         )
     if method == "exact" and audit.upper_bound_observers:
         notes.append(

@@ -405,7 +405,8 @@ def test_cli_audit_of_a_truncated_log_prints_the_flagged_entries(runs, tmp_path)
     assert p.returncode == 0, p.stderr
     assert "Traceback" not in p.stderr
     assert "* raised to the plan's loss" in p.stdout
-    assert "! worst case" in p.stdout
+    assert "# worst case" in p.stdout  # (! marks a paper figure below the exact loss)
+    assert "#" in p.stdout.split("exact:")[1].split("paper:")[0]
     assert "*" in p.stdout.split("exact:")[1].split("paper:")[0]
     p = subprocess.run([*cmd, "--json"], capture_output=True, text=True, env=env, timeout=120)
     rep = json.loads(p.stdout)

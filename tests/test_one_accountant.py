@@ -179,6 +179,11 @@ def test_at_least_raises_every_loss_key_and_keeps_eps_only_bounds():
     got = loss.at_least(low, cap)
     assert got == {**low, "factor": 1.0, "rdp": 1.0, "eps": 4.3, "eps_rdp": 4.7}
     only = loss.eps_only(2.0).entry()
-    assert loss.at_least(only, cap) == {**only, "eps": 4.3, "eps_rdp": 4.7, "conversion": "gaussian"}
+    assert loss.at_least(only, cap) == {
+        **only,
+        "eps": 4.3,
+        "eps_rdp": 4.7,
+        "conversion": "gaussian",
+    }
     nan = {**low, "eps": math.nan}
     assert loss.at_least(nan, cap)["eps"] == 4.3

@@ -40,8 +40,22 @@ MARK = "^"
 BELOW_MARK = "!"
 BELOW_LEGEND = (
     "! the paper's formula is below the exact loss of that pair: it is not an upper bound "
-    "there (the exact column is the loss)"
+    "there (the exact loss is: its column, or --method exact)"
 )
+
+
+def below_exact_count(rep: dict) -> int:
+    """How many pairs of a report carry a paper figure below their exact loss (its
+    ``baseline.paper_below_exact``; 0 when it has none)."""
+    n = (rep.get("baseline") or {}).get("paper_below_exact")
+    return int(n) if _is_num(n) else 0
+
+
+def below_exact_legend(count: int) -> str:
+    """The legend of the ``!`` mark with the count of marked pairs, as every output prints it."""
+    return f"{BELOW_LEGEND} [{count} pair(s)]"
+
+
 #: Up to this many nodes a paper plan counts, pair by pair, where its formula is below exact.
 BELOW_EXACT_MAX_N = 512
 LEGEND = (

@@ -65,11 +65,26 @@ def audit_matrix(
 
 
 #: How a loss entry that is not the realised loss is marked, by its ``basis``.
-MARKS = {"plan": "*", "worst-case": "!"}
+#: (``!`` is taken: it marks a paper figure below the exact loss, ``baseline.BELOW_MARK``.)
+MARKS = {"plan": "*", "worst-case": "#"}
 LEGEND = {
     "plan": "* raised to the plan's loss (a log of the run is damaged or incomplete)",
-    "worst-case": "! worst case: the observer's own log is missing or unusable",
+    "worst-case": "# worst case: the observer's own log is missing or unusable",
 }
+
+
+def below_mark(entry: dict) -> str:
+    """``!`` after a paper figure the accountant flagged below the exact loss of its pair
+    (``below_exact``), else ''."""
+    return baseline.BELOW_MARK if entry.get("below_exact") else ""
+
+
+def print_below_exact(rep: dict) -> None:
+    """The legend of the ``!`` mark with the report's count of marked pairs (nothing when no
+    pair is marked)."""
+    count = baseline.below_exact_count(rep)
+    if count:
+        print(baseline.below_exact_legend(count))
 
 
 def audit_marks(rep: dict, method: str) -> dict[tuple[int, int], str]:
@@ -125,8 +140,16 @@ def print_audit(rep: dict) -> None:
     used: set[str] = set()
     for method in ("exact", "paper"):
         obs, cells = audit_matrix(rep, method)
-        marks = audit_marks(rep, method)
-        used.update(m for m in marks.values() if m)
+        raised = audit_marks(rep, method)
+        used.update(m for m in raised.values() if m)
+        marks = dict(raised)
+        # A paper entry below the exact one of its pair is not an upper bound there: marked !.
+        below = {
+            (o["observer"], x["source"])
+            for o in rep["observers"]
+            for x in o["losses"]
+            if x["method"] == method and below_mark(x)
+        }
         # A paper entry above local DP is shown as local DP, the usable bound, marked ^.
         _, usable = audit_matrix(rep, method, "eps_usable")
         for pair, use in usable.items():
@@ -134,6 +157,8 @@ def print_audit(rep: dict) -> None:
                 marks[pair] = marks.get(pair, "") + baseline.MARK
                 used.add(baseline.MARK)
         cells.update(usable)
+        for pair in below:
+            marks[pair] = marks.get(pair, "") + baseline.BELOW_MARK
         if n <= 16:
             print(f"\n{method}: eps_(u->v), rows = observer v, columns = source u")
             rows = [
@@ -150,23 +175,23 @@ def print_audit(rep: dict) -> None:
             rows = []
             for v in obs:
                 vals = [cells[(v, u)] for u in range(n) if (v, u) in cells]
-                flagged = sum(
-                    1 for u in range(n) if marks.get((v, u), "").replace(baseline.MARK, "")
-                )
-                rows.append([str(v), fmt(max(vals)), fmt(float(np.mean(vals))), str(flagged)])
-            print(table(["observer", "eps max", "eps mean", "raised"], rows))
+                flagged = sum(1 for u in range(n) if raised.get((v, u)))
+                n_below = sum(1 for u in range(n) if (v, u) in below)
+                mark = baseline.BELOW_MARK if n_below else ""
+                rows.append(
+                    [str(v), fmt(max(vals)) + mark, fmt(float(np.mean(vals))) + mark,
+                     str(flagged)] + ([str(n_below)] if method == "paper" else [])
+                )  # fmt: skip
+            head = ["observer", "eps max", "eps mean", "raised"]
+            print(table(head + (["below exact"] if method == "paper" else []), rows))
     for basis, mark in MARKS.items():
         if mark in used:
             print(LEGEND[basis])
     if baseline.MARK in used:
         print(baseline.LEGEND)
+    print_below_exact(rep)
     print_baseline(rep)
     notes = rep.get("notes", [])
-    paper_below = [x for x in notes if x.get("kind") == "paper-below-exact"]
-    if paper_below:
-        print(
-            f"\n{len(paper_below)} pair(s) where Eq. (6) is below the exact loss (the paper's bound is not an upper bound there)"
-        )
     for x in notes:
         if x.get("kind") == "no-floor":
             print(f"note: {x['message']}")

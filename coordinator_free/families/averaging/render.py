@@ -15,7 +15,16 @@ import numpy as np
 
 from coordinator_free.accounting import baseline
 from coordinator_free.accounting import render as _generic_audit
-from coordinator_free.accounting.render import capped, fmt, print_baseline, print_central, table
+from coordinator_free.accounting.baseline import BELOW_MARK
+from coordinator_free.accounting.render import (
+    below_mark,
+    capped,
+    fmt,
+    print_baseline,
+    print_below_exact,
+    print_central,
+    table,
+)
 from coordinator_free.ml.reference import lines as reference_lines
 
 # ------------------------------------------------------------------------------------ plan
@@ -58,35 +67,25 @@ def print_gossip_plan(
                 str(x["distance"]),
                 fmt(x["factor"]),
                 capped(x, "rdp"),
-                capped(x, "eps"),
+                capped(x, "eps") + below_mark(x),
             ]
             for x in rep["losses"]
         ]
         print(f"losses from source {rep['source']}:")
-        print(table(["observer", "dist", "factor", "rdp", "eps"], rows))
+        head, rows = with_exact_column(["observer", "dist", "factor", "rdp", "eps"], rows, rep)
+        print(table(head, rows))
         print_plan_ending(rep)
         return
     rows = [
         [str(r["distance"]), str(r["pairs"]), fmt(r["factor_mean"]), fmt(r["factor_max"]),
-         capped(r, "rdp_mean"), capped(r, "rdp_max"), capped(r, "eps_max"),
+         capped(r, "rdp_mean"), capped(r, "rdp_max"), capped(r, "eps_max") + row_below_mark(r),
          amplified_cell(r)]
         for r in rep["by_distance"]
     ]  # fmt: skip
-    print(
-        table(
-            [
-                "dist",
-                "pairs",
-                "factor mean",
-                "factor max",
-                "rdp mean",
-                "rdp max",
-                "eps max",
-                "below LDP",
-            ],
-            rows,
-        )  # fmt: skip
-    )
+    head = ["dist", "pairs", "factor mean", "factor max", "rdp mean", "rdp max", "eps max",
+            "below LDP"]  # fmt: skip
+    head, rows = with_below_exact_column(head, rows, rep)
+    print(table(head, rows))
     w = rep["worst_pair"]
     print(
         f"worst pair: {w['source']} -> {w['observer']}  rdp={capped(w, 'rdp')}  "
@@ -131,6 +130,43 @@ def print_private_graph_bound(pg: dict) -> None:
     )
 
 
+def row_below_mark(row: dict) -> str:
+    """``!`` after a paper plan's figure by distance when the accountant counted pairs of that
+    distance below their exact loss (the row's ``below_exact``), else ''."""
+    return BELOW_MARK if _count(row.get("below_exact")) else ""
+
+
+def _count(x) -> int:
+    return int(x) if isinstance(x, int) and not isinstance(x, bool) else 0
+
+
+def with_exact_column(
+    head: list[str], rows: list[list[str]], rep: dict
+) -> tuple[list[str], list[list[str]]]:
+    """A one-source paper plan's table with the exact loss beside each figure marked ``!``
+    (its ``eps_exact``; '-' elsewhere), when any is marked."""
+    losses = rep.get("losses") or []
+    if not any(below_mark(x) for x in losses):
+        return head, rows
+    return head + ["exact eps"], [
+        r + [fmt(x["eps_exact"]) if below_mark(x) else "-"]
+        for r, x in zip(rows, losses, strict=True)
+    ]
+
+
+def with_below_exact_column(
+    head: list[str], rows: list[list[str]], rep: dict
+) -> tuple[list[str], list[list[str]]]:
+    """A paper plan's table by distance with how many pairs of each distance the accountant
+    found below their exact loss, when it counted them (the rows' ``below_exact``)."""
+    by = rep.get("by_distance") or []
+    if not any("below_exact" in r for r in by):
+        return head, rows
+    return head + ["below exact"], [
+        r + [str(_count(x.get("below_exact")))] for r, x in zip(rows, by, strict=True)
+    ]
+
+
 def amplified_cell(row: dict) -> str:
     """How many of a distance row's pairs are below local DP (paper plans: by the formula)."""
     return str(row["amplified"]) if "amplified" in row else "-"
@@ -140,6 +176,7 @@ def print_plan_ending(rep: dict) -> None:
     """The legend of capped paper values and the plan's reading against local DP."""
     if rep.get("baseline", {}).get("paper_above_ldp"):
         print(baseline.LEGEND)
+    print_below_exact(rep)
     print_baseline(rep)
 
 
@@ -157,24 +194,31 @@ print_audit = _generic_audit.print_audit
 
 def print_audit_compact(audit: dict, *, extra: Callable[[dict], None] | None = None) -> None:
     """PNDP table by graph distance: mean and max eps over pairs, both methods (paper capped at
-    local DP, marked), how many pairs are below local DP, then what it means in words."""
+    local DP, marked ^; marked ! where the accountant found a pair of that distance whose paper
+    figure is below its exact loss, with how many), how many pairs are below local DP, then
+    what it means in words."""
     if audit.get("central"):
         print_central(audit)
         return
     ldp_eps = audit["ldp"]["eps"]
     by: dict[tuple[str, int], list[float]] = {}
     raw_above: dict[int, int] = {}
+    below_exact: dict[int, int] = {}
     for o in audit["observers"]:
         for x in o["losses"]:
             by.setdefault((x["method"], x["distance"]), []).append(x.get("eps_usable", x["eps"]))
             if x["method"] == "paper" and x["eps"] > x.get("eps_usable", x["eps"]):
                 raw_above[x["distance"]] = raw_above.get(x["distance"], 0) + 1
+            if x["method"] == "paper" and below_mark(x):
+                below_exact[x["distance"]] = below_exact.get(x["distance"], 0) + 1
     dists = sorted({d for _, d in by})
     rows = []
     for d in dists:
         e = by.get(("exact", d), [0.0])
         p = by.get(("paper", d), [0.0])
-        mark = baseline.MARK if raw_above.get(d) else ""
+        mark = (baseline.MARK if raw_above.get(d) else "") + (
+            BELOW_MARK if below_exact.get(d) else ""
+        )
         rows.append(
             [
                 str(d),
@@ -185,6 +229,7 @@ def print_audit_compact(audit: dict, *, extra: Callable[[dict], None] | None = N
                 fmt(float(np.mean(p))) + mark,
                 fmt(max(p)) + mark,
             ]
+            + ([str(below_exact.get(d, 0))] if below_exact else [])
         )
     print(
         f"pairwise network DP: eps_(u->v) at delta={audit['delta']:g} that observer v's view "
@@ -192,12 +237,14 @@ def print_audit_compact(audit: dict, *, extra: Callable[[dict], None] | None = N
     )
     print(
         table(
-            ["dist", "pairs", "below LDP", "exact mean", "exact max", "paper mean", "paper max"],
+            ["dist", "pairs", "below LDP", "exact mean", "exact max", "paper mean", "paper max"]
+            + (["paper below exact"] if below_exact else []),
             rows,
         )
     )
     if raw_above:
         print(baseline.LEGEND)
+    print_below_exact(audit)
     print_baseline(audit)
     if extra is not None:
         extra(audit)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coordinator_free.accounting.render import capped, fmt, table
+from coordinator_free.accounting.render import below_mark, capped, fmt, table
 from coordinator_free.families.averaging import render as gossip
 from coordinator_free.ml.reference import lines as reference_lines
 
@@ -44,24 +44,24 @@ def print_plan(rep: dict) -> None:
     if rep.get("source") is not None:
         rows = [
             [str(x["observer"]), str(x["distance"]), fmt(x["factor"]), capped(x, "rdp"),
-             capped(x, "eps")]
+             capped(x, "eps") + below_mark(x)]
             for x in rep["losses"]
         ]  # fmt: skip
         print(f"losses from source {rep['source']}:")
-        print(table(["observer", "dist", "factor", "rdp", "eps"], rows))
+        head = ["observer", "dist", "factor", "rdp", "eps"]
+        head, rows = gossip.with_exact_column(head, rows, rep)
+        print(table(head, rows))
         gossip.print_plan_ending(rep)
         return
     rows = [
         [str(r["distance"]), str(r["pairs"]), fmt(r["factor_mean"]), fmt(r["factor_max"]),
-         capped(r, "eps_mean"), capped(r, "eps_max"), gossip.amplified_cell(r)]
+         capped(r, "eps_mean"), capped(r, "eps_max") + gossip.row_below_mark(r),
+         gossip.amplified_cell(r)]
         for r in rep["by_distance"]
     ]  # fmt: skip
-    print(
-        table(
-            ["dist", "pairs", "factor mean", "factor max", "eps mean", "eps max", "below LDP"],
-            rows,
-        )
-    )
+    head = ["dist", "pairs", "factor mean", "factor max", "eps mean", "eps max", "below LDP"]
+    head, rows = gossip.with_below_exact_column(head, rows, rep)
+    print(table(head, rows))
     w = rep["worst_pair"]
     print(f"worst pair: {w['source']} -> {w['observer']}  eps={capped(w, 'eps')}")
     print(f"mean over pairs: eps={capped(rep['mean_over_pairs'], 'eps')}")
