@@ -455,3 +455,28 @@ def test_the_verdict_flags_a_silent_change(runs):
     changed["integrity"] = [{"node": 0, "kind": "unfinished", "message": "x"}]
     changed["conservative"] = True
     assert "below the plan" in verdict(changed, base, plan_eps)
+
+
+@pytest.mark.parametrize("name", ["muffliato", "muffliato-gd"])
+def test_an_array_in_a_header_param_is_a_finding_for_single_and_coalition_audits(name, tmp_path):
+    """A damaged header may decode to anything, an array included (whose comparison is
+    element-wise): both audits name it and neither raises; the coalition's rows stay at or
+    above its plan."""
+    run = make_run(name, tmp_path / "run")
+    path = rundir.log_path(run, 1)
+    log = Log.parse(path.read_bytes())
+    header = log.records[0]
+    key = sorted(header["params"])[0]
+    header["params"][key] = np.arange(3.0)
+    path.write_bytes(log.bytes([encode(header), *log.payloads[1:]]))
+    rep = audit.audit_run(run)
+    assert any(f["node"] == 1 and f["kind"] == "param-mismatch" for f in rep["integrity"])
+    cfg, plan = audit.load_run(run)
+    members = [0, 1]
+    co = audit.coalition_audit(run, cfg, plan, members)
+    assert any(f.get("node") == 1 for f in co["integrity"]), co["integrity"]
+    want = {
+        r["source"]: r["eps"]
+        for r in family_of(cfg.protocol.name).coalition_plan(cfg, plan, members)["losses"]
+    }
+    assert all(r["eps"] >= want[r["source"]] * (1 - 1e-9) for r in co["losses"])

@@ -106,6 +106,36 @@ def audit_run(run_dir: str | Path, *, observers: list[int] | None = None) -> dic
     return baseline.annotate_audit(rep, neighbours_see_values=not fam.walks(cfg))
 
 
+def coalition_audit(run_dir: str | Path, cfg, plan, members: list[int]) -> dict:
+    """``cfree audit --observers``: the family's coalition audit. Like the single audit it never
+    fails on damaged logs: when the family's replay fails, the coalition's plan stands in, every
+    row raised to at least local DP, with the failure and what reading the logs found."""
+    fam = family_of(cfg.protocol.name)
+    try:
+        return fam.coalition_audit(Path(run_dir), cfg, plan, members)
+    except (NotImplementedError, AuditError):
+        raise
+    except Exception as exc:  # a damaged log must not stop the audit: the plan stands in
+        rep = fam.coalition_plan(cfg, plan, members)
+        rep["losses"] = [at_least(row, rep["ldp"]) for row in rep["losses"]]
+        rep.update(
+            run_dir=str(run_dir),
+            fault_free=False,
+            complete=False,
+            basis="plan, raised to local DP",
+            integrity=[
+                {
+                    "node": None,
+                    "kind": "audit-failed",
+                    "message": f"the {fam.name} coalition audit of the logs failed "
+                    f"({type(exc).__name__}: {exc}); every row is the plan's, raised to local DP",
+                },
+                *_log_findings(Path(run_dir), plan),
+            ],
+        )
+        return rep
+
+
 #: Findings that leave nothing trustworthy of a node's own view: its log is absent, unreadable,
 #: not a view log of this node and run, or written under other public parameters.
 NO_VIEW_KINDS = frozenset(

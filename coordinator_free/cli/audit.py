@@ -71,10 +71,9 @@ def cmd_audit(args) -> int:
 
 
 def _coalition_audit(args) -> int:
-    from coordinator_free.accounting.audit import load_run
+    from coordinator_free.accounting.audit import coalition_audit, load_run
 
     ids = node_ids(args.observers, "--observers")
     cfg, plan = load_run(args.run_dir)
     family = family_of(cfg.protocol.name)
-    code = coalition(args, family, lambda: family.coalition_audit(args.run_dir, cfg, plan, ids))
-    return code
+    return coalition(args, family, lambda: coalition_audit(args.run_dir, cfg, plan, ids))
