@@ -226,6 +226,202 @@ class ExchangeScan:
     missed: dict[int, set[tuple[int, int]]] = field(default_factory=dict)
 
 
+@dataclass
+class _NodeExchanges:
+    """What one node's exchange records say, while its log is read (see :func:`scan_exchanges`)."""
+
+    per_step: dict[int, set[int]] = field(default_factory=dict)  # step -> senders used on time
+    seen: set[tuple[int, int]] = field(default_factory=set)  # (step, sender), late included
+    on_time: set[tuple[int, int]] = field(default_factory=set)
+    miss: set[tuple[int, int]] = field(default_factory=set)
+    dups: list[tuple[dict, int, int]] = field(default_factory=list)  # (record, step, peer)
+    finished: bool = False
+
+
+def _shown(pairs: list[tuple[int, int]]) -> str:
+    """The first five (step, sender) pairs of a finding's message, and how many more."""
+    shown = ", ".join(f"step {t} from {w}" for t, w in pairs[:5])
+    more = f" and {len(pairs) - 5} more" if len(pairs) > 5 else ""
+    return f"{shown}{more}"
+
+
+def _exchange_record(
+    v: int,
+    r: dict,
+    plan,
+    node: _NodeExchanges,
+    sends: dict,
+    recvs: dict,
+    integrity: list[dict],
+    digest,
+) -> None:
+    """One ``send``, ``recv``, ``late`` or ``miss`` record of node v, checked and then noted in
+    ``node``, ``sends`` or ``recvs`` (a record with a problem is reported and ignored)."""
+    k = r["k"]
+    if not (_int_field(v, r, "step", integrity) and _int_field(v, r, "peer", integrity)):
+        return
+    t, w = r["step"], r["peer"]
+    if not (0 <= t < plan.steps and w in plan.partners_at(v, t)):
+        integrity.append(
+            {
+                "node": v,
+                "kind": "impossible-record",
+                "seq": r.get("seq"),
+                "message": f"{k} record seq {r.get('seq')} names step {t!r} and "
+                f"peer {w!r}, impossible for node {v}; ignored",
+            }
+        )
+        return
+    if k == "send":
+        if not isinstance(r.get("digest"), str):
+            integrity.append(bad_record(v, r, "digest", "is missing or not a string"))
+            return
+        sends[(t, v, w)] = r["digest"]
+        return
+    if k == "miss":
+        if not isinstance(r.get("reason"), str):
+            integrity.append(bad_record(v, r, "reason", "is missing or not a string"))
+            return
+        node.miss.add((t, w))
+        return
+    if k == "late" and not _int_field(v, r, "now", integrity):
+        return
+    dg = _value_digest(v, r, digest, integrity)
+    if dg is None:
+        return
+    if k == "recv":
+        if (t, w) in node.on_time:
+            integrity.append(
+                {
+                    "node": v,
+                    "kind": "duplicate-record",
+                    "seq": r.get("seq"),
+                    "message": f"recv record seq {r.get('seq')}: a second value "
+                    f"from {w} at step {t}; ignored",
+                }
+            )
+            return
+        node.on_time.add((t, w))
+        node.per_step.setdefault(t, set()).add(w)
+        recvs[(t, w, v)] = dg
+    node.seen.add((t, w))
+
+
+def _read_exchanges(
+    v: int, records, plan, sends: dict, recvs: dict, integrity: list[dict], digest
+) -> _NodeExchanges:
+    """Node v's exchange, ``duplicate`` and ``finished`` records, in log order."""
+    node = _NodeExchanges()
+    for r in records:
+        k = r.get("k")
+        if k in ("recv", "late", "send", "miss"):
+            _exchange_record(v, r, plan, node, sends, recvs, integrity, digest)
+        elif k == "duplicate" and "kind" not in r:
+            if is_int(r.get("step")) and is_int(r.get("peer")):
+                node.dups.append((r, r["step"], r["peer"]))
+        elif k == "finished":
+            if r.get("steps") != plan.steps or not is_int(r.get("steps")):
+                integrity.append(
+                    bad_record(
+                        v, r, "steps", f"is {r.get('steps')!r}, the plan has {plan.steps} steps"
+                    )
+                )
+                continue
+            node.finished = True
+    return node
+
+
+def _check_node_exchanges(v: int, node: _NodeExchanges, plan, integrity: list[dict]) -> None:
+    """The findings of one node's log on its own: ``unfinished``, ``contradictory-records``
+    and, for a finished log, ``missing-exchange-record``."""
+    if not node.finished:
+        integrity.append(
+            {
+                "node": v,
+                "kind": "unfinished",
+                "message": "the log ends before the run finished (crash or kill)",
+            }
+        )
+    for t, w in sorted(node.on_time & node.miss):
+        integrity.append(
+            {
+                "node": v,
+                "kind": "contradictory-records",
+                "message": f"step {t}: the value from {w} is logged both received and missed",
+            }
+        )
+    for r, t, w in node.dups:
+        if (t, w) not in node.on_time:
+            integrity.append(
+                {
+                    "node": v,
+                    "kind": "contradictory-records",
+                    "seq": r.get("seq"),
+                    "message": f"duplicate record seq {r.get('seq')}: a second copy of the "
+                    f"value from {w} at step {t}, whose first copy is not in the log",
+                }
+            )
+    if node.finished:
+        silent = [
+            (t, w)
+            for t in range(plan.steps)
+            for w in plan.partners_at(v, t)
+            if (t, w) not in node.on_time and (t, w) not in node.miss
+        ]
+        if silent:
+            integrity.append(
+                {
+                    "node": v,
+                    "kind": "missing-exchange-record",
+                    "message": f"the log is finished but says neither received nor missed "
+                    f"for {len(silent)} value(s): {_shown(silent)}",
+                }
+            )
+
+
+def _check_recvs_against_sends(logs: dict, sends: dict, recvs: dict, integrity: list[dict]):
+    """``unmatched-recv`` and ``digest-mismatch``: every value received from a node whose log
+    was read, against what that node logged sending."""
+    for (t, w, v), dg in recvs.items():
+        if w in logs and sends.get((t, w, v)) is None:
+            integrity.append(
+                {
+                    "node": v,
+                    "kind": "unmatched-recv",
+                    "message": f"step {t}: value from {w} has no send record in {w}'s log",
+                }
+            )
+        elif w in logs and sends[(t, w, v)] != dg:
+            integrity.append(
+                {
+                    "node": v,
+                    "kind": "digest-mismatch",
+                    "message": f"step {t}: value from {w} differs from what {w} logged sending",
+                }
+            )
+
+
+def _check_unacknowledged(
+    sends: dict, finished: set[int], seen: dict[int, set[tuple[int, int]]], integrity: list[dict]
+) -> None:
+    """``unacknowledged-send``: values a finished node logged sending to a finished partner
+    that the partner's log never received, one finding per receiver in node order."""
+    unacked: dict[int, list[tuple[int, int]]] = {}
+    for t, w, v in sends:
+        if v in finished and w in finished and (t, w) not in seen[v]:
+            unacked.setdefault(v, []).append((t, w))
+    for v, lost in sorted(unacked.items()):
+        lost.sort()
+        integrity.append(
+            {
+                "node": v,
+                "kind": "unacknowledged-send",
+                "message": f"{len(lost)} value(s) logged sent to {v} by finished partners never "
+                f"arrived in {v}'s finished log: {_shown(lost)}",
+            }
+        )
+
+
 def scan_exchanges(logs: dict, plan, integrity: list[dict], digest) -> ExchangeScan:
     """The integrity checks of the exchange records, the same for every family that exchanges
     values at numbered steps (gossip averaging, randomized gossip, learning, DECOR):
@@ -248,8 +444,9 @@ def scan_exchanges(logs: dict, plan, integrity: list[dict], digest) -> ExchangeS
       the partner stopped: never on a fault-free run).
 
     ``digest(value)`` computes the digest of a logged value (logs that keep values rather than
-    digests). Every problem is appended to ``integrity``; a record with a problem is ignored."""
-    T = plan.steps
+    digests). Every problem is appended to ``integrity``; a record with a problem is ignored.
+    The findings come node by node (each log's records in order, then the log's own checks),
+    then the received values against the sends, then the unacknowledged sends."""
     used: dict[int, dict[int, set[int]]] = {}
     seen_all: dict[int, set[tuple[int, int]]] = {}
     finished_nodes: set[int] = set()
@@ -257,151 +454,13 @@ def scan_exchanges(logs: dict, plan, integrity: list[dict], digest) -> ExchangeS
     recvs: dict[tuple[int, int, int], str] = {}
     missed: dict[int, set[tuple[int, int]]] = {}
     for v, vl in logs.items():
-        per_step: dict[int, set[int]] = {}
-        seen: set[tuple[int, int]] = set()
-        on_time: set[tuple[int, int]] = set()
-        miss: set[tuple[int, int]] = set()
-        dups: list[tuple[dict, int, int]] = []
-        for r in vl.records:
-            k = r.get("k")
-            if k in ("recv", "late", "send", "miss"):
-                if not (
-                    _int_field(v, r, "step", integrity) and _int_field(v, r, "peer", integrity)
-                ):
-                    continue
-                t, w = r["step"], r["peer"]
-                if not (0 <= t < T and w in plan.partners_at(v, t)):
-                    integrity.append(
-                        {
-                            "node": v,
-                            "kind": "impossible-record",
-                            "seq": r.get("seq"),
-                            "message": f"{k} record seq {r.get('seq')} names step {t!r} and "
-                            f"peer {w!r}, impossible for node {v}; ignored",
-                        }
-                    )
-                    continue
-                if k == "send":
-                    if not isinstance(r.get("digest"), str):
-                        integrity.append(bad_record(v, r, "digest", "is missing or not a string"))
-                        continue
-                    sends[(t, v, w)] = r["digest"]
-                elif k == "miss":
-                    if not isinstance(r.get("reason"), str):
-                        integrity.append(bad_record(v, r, "reason", "is missing or not a string"))
-                        continue
-                    miss.add((t, w))
-                else:
-                    if k == "late" and not _int_field(v, r, "now", integrity):
-                        continue
-                    dg = _value_digest(v, r, digest, integrity)
-                    if dg is None:
-                        continue
-                    if k == "recv":
-                        if (t, w) in on_time:
-                            integrity.append(
-                                {
-                                    "node": v,
-                                    "kind": "duplicate-record",
-                                    "seq": r.get("seq"),
-                                    "message": f"recv record seq {r.get('seq')}: a second value "
-                                    f"from {w} at step {t}; ignored",
-                                }
-                            )
-                            continue
-                        on_time.add((t, w))
-                        per_step.setdefault(t, set()).add(w)
-                        recvs[(t, w, v)] = dg
-                    seen.add((t, w))
-            elif k == "duplicate" and "kind" not in r:
-                if is_int(r.get("step")) and is_int(r.get("peer")):
-                    dups.append((r, r["step"], r["peer"]))
-            elif k == "finished":
-                if r.get("steps") != T or not is_int(r.get("steps")):
-                    integrity.append(
-                        bad_record(v, r, "steps", f"is {r.get('steps')!r}, the plan has {T} steps")
-                    )
-                    continue
-                finished_nodes.add(v)
-        if v not in finished_nodes:
-            integrity.append(
-                {
-                    "node": v,
-                    "kind": "unfinished",
-                    "message": "the log ends before the run finished (crash or kill)",
-                }
-            )
-        for t, w in sorted(on_time & miss):
-            integrity.append(
-                {
-                    "node": v,
-                    "kind": "contradictory-records",
-                    "message": f"step {t}: the value from {w} is logged both received and missed",
-                }
-            )
-        for r, t, w in dups:
-            if (t, w) not in on_time:
-                integrity.append(
-                    {
-                        "node": v,
-                        "kind": "contradictory-records",
-                        "seq": r.get("seq"),
-                        "message": f"duplicate record seq {r.get('seq')}: a second copy of the "
-                        f"value from {w} at step {t}, whose first copy is not in the log",
-                    }
-                )
-        if v in finished_nodes:
-            silent = [
-                (t, w)
-                for t in range(T)
-                for w in plan.partners_at(v, t)
-                if (t, w) not in on_time and (t, w) not in miss
-            ]
-            if silent:
-                shown = ", ".join(f"step {t} from {w}" for t, w in silent[:5])
-                more = f" and {len(silent) - 5} more" if len(silent) > 5 else ""
-                integrity.append(
-                    {
-                        "node": v,
-                        "kind": "missing-exchange-record",
-                        "message": f"the log is finished but says neither received nor missed "
-                        f"for {len(silent)} value(s): {shown}{more}",
-                    }
-                )
-        used[v] = per_step
-        seen_all[v] = seen
-        missed[v] = miss
-    for (t, w, v), dg in recvs.items():
-        if w in logs and sends.get((t, w, v)) is None:
-            integrity.append(
-                {
-                    "node": v,
-                    "kind": "unmatched-recv",
-                    "message": f"step {t}: value from {w} has no send record in {w}'s log",
-                }
-            )
-        elif w in logs and sends[(t, w, v)] != dg:
-            integrity.append(
-                {
-                    "node": v,
-                    "kind": "digest-mismatch",
-                    "message": f"step {t}: value from {w} differs from what {w} logged sending",
-                }
-            )
-    unacked: dict[int, list[tuple[int, int]]] = {}
-    for t, w, v in sends:
-        if v in finished_nodes and w in finished_nodes and (t, w) not in seen_all[v]:
-            unacked.setdefault(v, []).append((t, w))
-    for v, lost in sorted(unacked.items()):
-        lost.sort()
-        shown = ", ".join(f"step {t} from {w}" for t, w in lost[:5])
-        more = f" and {len(lost) - 5} more" if len(lost) > 5 else ""
-        integrity.append(
-            {
-                "node": v,
-                "kind": "unacknowledged-send",
-                "message": f"{len(lost)} value(s) logged sent to {v} by finished partners never "
-                f"arrived in {v}'s finished log: {shown}{more}",
-            }
-        )
+        node = _read_exchanges(v, vl.records, plan, sends, recvs, integrity, digest)
+        if node.finished:
+            finished_nodes.add(v)
+        _check_node_exchanges(v, node, plan, integrity)
+        used[v] = node.per_step
+        seen_all[v] = node.seen
+        missed[v] = node.miss
+    _check_recvs_against_sends(logs, sends, recvs, integrity)
+    _check_unacknowledged(sends, finished_nodes, seen_all, integrity)
     return ExchangeScan(used=used, seen=seen_all, finished=finished_nodes, missed=missed)

@@ -305,27 +305,11 @@ def _with_id(path: str) -> str:
     return str(p.with_name(f"{p.stem}-{{id}}{p.suffix}"))
 
 
-def plan_deployment(
-    hosts: list[HostLine],
-    cfg,
-    *,
-    hosts_source: str = "hosts.txt",
-    generate_keys: bool = False,
-    remote_dir: str = DEFAULT_REMOTE_DIR,
-    key_path: str = DEFAULT_KEY_PATH,
-    user: str = DEFAULT_USER,
-    cfree_cmd: str = DEFAULT_CFREE_CMD,
-    name: str | None = None,
-    run_id: str | None = None,
-) -> Deployment:
-    """Check the hosts against the config and build every file's text (nothing is written)."""
-    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+def _check_host_count(plan, cfg, hosts: list[HostLine], hosts_source: str) -> None:
+    """The run has peers, one per host: else a LanError that says what to change."""
+    from coordinator_free.config import SIZED_BY_NODES
+    from coordinator_free.families import family_of
 
-    from coordinator_free import roster as roster_mod
-    from coordinator_free.config import NAME_CHARS, SIZED_BY_NODES
-    from coordinator_free.families import family_of, make_plan
-
-    plan = make_plan(cfg)
     if not family_of(cfg.protocol.name).has_peers(cfg):
         raise LanError(
             f"{cfg.protocol.name} is the trusted-curator baseline: it runs in one process "
@@ -347,11 +331,28 @@ def plan_deployment(
             f"{hosts_source} lists {len(hosts)} hosts but the config's graph "
             f"(graph.kind = {g.kind!r}, {cfg.source}) has {plan.n} nodes; {how}"
         )
+
+
+def _checked_command(user: str, cfree_cmd: str, name: str | None) -> list[str]:
+    """``--cfree-cmd`` as argv words, after checking it, ``--user`` and ``--name`` (LanError)."""
+    from coordinator_free.config import NAME_CHARS
+
     if not user or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\$?", user):
         raise LanError(f"--user {user!r} is not a user name")
     cmd = split_command(cfree_cmd)
     if name is not None and (not name or not set(name) <= NAME_CHARS or name.startswith(".")):
         raise LanError(f"--name {name!r} must be letters, digits, '-', '_' or '.'")
+    return cmd
+
+
+def _host_keys(
+    hosts: list[HostLine], hosts_source: str, generate_keys: bool
+) -> tuple[dict[int, object], list[bytes]]:
+    """Every host's public key, in node order, from the hosts file or, with
+    ``generate_keys``, made here (then also returned: node id -> private key)."""
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    from coordinator_free import roster as roster_mod
 
     private: dict[int, X25519PrivateKey] = {}
     keys: list[bytes] = []
@@ -373,15 +374,14 @@ def plan_deployment(
             )
         else:
             keys.append(h.public_key)
-    ros = roster_mod.Roster(
-        run_id=run_id if run_id is not None else os.urandom(roster_mod.RUN_ID_BYTES).hex(),
-        name=name or cfg.run.name,
-        entries=tuple(
-            roster_mod.RosterEntry(i, h.host, h.port, k)
-            for i, (h, k) in enumerate(zip(hosts, keys, strict=True))
-        ),
-    )
+    return private, keys
 
+
+def _node_paths(
+    hosts: list[HostLine], hosts_source: str, remote_dir: str, key_path: str
+) -> tuple[list[str], list[str]]:
+    """Each node's run directory and key path on its host (``{id}`` replaced), refusing two
+    nodes on one host that would share either."""
     dirs = [_node_path(remote_dir, "--remote-dir", i) for i in range(len(hosts))]
     key_paths = [_node_path(key_path, "--key-path", i) for i in range(len(hosts))]
     on_host: dict[str, int] = {}
@@ -396,6 +396,39 @@ def plan_deployment(
                     f"share {option} {paths[i]}; put {{id}} in it (it becomes the node id), "
                     f"e.g. {option} '{_with_id(paths[i])}'"
                 )
+    return dirs, key_paths
+
+
+def plan_deployment(
+    hosts: list[HostLine],
+    cfg,
+    *,
+    hosts_source: str = "hosts.txt",
+    generate_keys: bool = False,
+    remote_dir: str = DEFAULT_REMOTE_DIR,
+    key_path: str = DEFAULT_KEY_PATH,
+    user: str = DEFAULT_USER,
+    cfree_cmd: str = DEFAULT_CFREE_CMD,
+    name: str | None = None,
+    run_id: str | None = None,
+) -> Deployment:
+    """Check the hosts against the config and build every file's text (nothing is written)."""
+    from coordinator_free import roster as roster_mod
+    from coordinator_free.families import make_plan
+
+    plan = make_plan(cfg)
+    _check_host_count(plan, cfg, hosts, hosts_source)
+    cmd = _checked_command(user, cfree_cmd, name)
+    private, keys = _host_keys(hosts, hosts_source, generate_keys)
+    ros = roster_mod.Roster(
+        run_id=run_id if run_id is not None else os.urandom(roster_mod.RUN_ID_BYTES).hex(),
+        name=name or cfg.run.name,
+        entries=tuple(
+            roster_mod.RosterEntry(i, h.host, h.port, k)
+            for i, (h, k) in enumerate(zip(hosts, keys, strict=True))
+        ),
+    )
+    dirs, key_paths = _node_paths(hosts, hosts_source, remote_dir, key_path)
 
     # Files the config uses travel beside it, under names relative to it.
     portable, extra = portable_config(cfg)

@@ -289,6 +289,107 @@ def _source_address(peer: object) -> str:
 # --------------------------------------------------------------------------- PeerNet
 
 
+def _checked_identity(
+    node_id: int,
+    static_key: X25519PrivateKey,
+    roster_keys: Mapping[int, bytes],
+    run_id: bytes,
+    neighbours: Iterable[int],
+    max_frame: int,
+    cipher: str,
+) -> tuple[dict[int, bytes], Any, frozenset[int]]:
+    """The roster (id -> public key bytes), the cipher suites and the neighbours of a
+    :class:`PeerNet`, after checking them: the neighbours are other nodes of the roster, and
+    ids, keys, run id and frame size pass the channel's own checks. Raises ValueError."""
+    roster = {nid: bytes(pub) for nid, pub in roster_keys.items()}
+    suites = cipher_suites(cipher)  # raises ValueError naming the choices
+    nbrs = frozenset(neighbours)
+    if node_id in nbrs:
+        raise ValueError(f"node {node_id} lists itself as a neighbour")
+    unknown = sorted(nbrs - roster.keys())
+    if unknown:
+        raise ValueError(f"neighbour(s) {unknown} of node {node_id} are not in the roster")
+    # Validates ids, keys, run_id and max_frame with the channel's own checks.
+    SecureChannel(
+        local_id=node_id,
+        static_key=static_key,
+        roster_keys=roster,
+        run_id=run_id,
+        initiator=False,
+        max_frame=max_frame,
+        ciphers=suites,
+    )
+    return roster, suites, nbrs
+
+
+def _check_timing(
+    *,
+    handshake_timeout: float,
+    io_timeout: float,
+    send_timeout: float,
+    reconnect_timeout: float,
+    backoff_initial: float,
+    backoff_max: float,
+    heartbeat_s: float | None,
+    silence_s: float | None,
+) -> None:
+    """A :class:`PeerNet`'s timeouts and backoffs are positive; heartbeat and silence are
+    positive finite seconds or None, and silence exceeds twice the heartbeat. Raises
+    ValueError naming the first that is not."""
+    for name, value in (
+        ("handshake_timeout", handshake_timeout),
+        ("io_timeout", io_timeout),
+        ("send_timeout", send_timeout),
+        ("reconnect_timeout", reconnect_timeout),
+        ("backoff_initial", backoff_initial),
+        ("backoff_max", backoff_max),
+    ):
+        if not value > 0:
+            raise ValueError(f"{name} must be positive, got {value!r}")
+    for name, value in (
+        ("heartbeat_s", heartbeat_s),
+        ("silence_s", silence_s),
+    ):
+        if value is not None and not (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and value > 0
+        ):
+            raise ValueError(f"{name} must be a positive number of seconds or None, got {value!r}")
+    if heartbeat_s is not None and silence_s is not None and not silence_s > 2 * heartbeat_s:
+        raise ValueError(
+            f"silence_s ({silence_s:g} s) must exceed twice heartbeat_s ({heartbeat_s:g} s), "
+            "or healthy idle channels would be declared silent"
+        )
+
+
+def _check_limits(
+    max_pending_handshakes: int, max_pending_per_source: int, faults: LinkFaults | None
+) -> None:
+    """The pending-handshake bounds are positive integers and ``faults`` a LinkFaults or None
+    (ValueError, TypeError)."""
+    for name, count in (
+        ("max_pending_handshakes", max_pending_handshakes),
+        ("max_pending_per_source", max_pending_per_source),
+    ):
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"{name} must be a positive integer, got {count!r}")
+    if faults is not None and not isinstance(faults, LinkFaults):
+        raise TypeError(f"faults must be a LinkFaults or None, got {type(faults).__name__}")
+
+
+def _tick_interval(heartbeat_s: float | None, silence_s: float | None) -> float | None:
+    """The liveness tick: half the heartbeat, a quarter of the silence, the shorter of the two
+    (at least 5 ms); None when both are off."""
+    ticks = []
+    if heartbeat_s is not None:
+        ticks.append(heartbeat_s / 2)
+    if silence_s is not None:
+        ticks.append(silence_s / 4)
+    return max(0.005, min(ticks)) if ticks else None
+
+
 class PeerNet:
     """The networking of one node: authenticated encrypted channels to its graph neighbours.
 
@@ -330,61 +431,21 @@ class PeerNet:
         faults: LinkFaults | None = None,
         cipher: str = "auto",
     ) -> None:
-        roster = {nid: bytes(pub) for nid, pub in roster_keys.items()}
-        suites = cipher_suites(cipher)  # raises ValueError naming the choices
-        nbrs = frozenset(neighbours)
-        if node_id in nbrs:
-            raise ValueError(f"node {node_id} lists itself as a neighbour")
-        unknown = sorted(nbrs - roster.keys())
-        if unknown:
-            raise ValueError(f"neighbour(s) {unknown} of node {node_id} are not in the roster")
-        # Validates ids, keys, run_id and max_frame with the channel's own checks.
-        SecureChannel(
-            local_id=node_id,
-            static_key=static_key,
-            roster_keys=roster,
-            run_id=run_id,
-            initiator=False,
-            max_frame=max_frame,
-            ciphers=suites,
+        roster, suites, nbrs = _checked_identity(
+            node_id, static_key, roster_keys, run_id, neighbours, max_frame, cipher
         )
         self._suites = suites
-        for name, value in (
-            ("handshake_timeout", handshake_timeout),
-            ("io_timeout", io_timeout),
-            ("send_timeout", send_timeout),
-            ("reconnect_timeout", reconnect_timeout),
-            ("backoff_initial", backoff_initial),
-            ("backoff_max", backoff_max),
-        ):
-            if not value > 0:
-                raise ValueError(f"{name} must be positive, got {value!r}")
-        for name, value in (
-            ("heartbeat_s", heartbeat_s),
-            ("silence_s", silence_s),
-        ):
-            if value is not None and not (
-                isinstance(value, int | float)
-                and not isinstance(value, bool)
-                and math.isfinite(value)
-                and value > 0
-            ):
-                raise ValueError(
-                    f"{name} must be a positive number of seconds or None, got {value!r}"
-                )
-        if heartbeat_s is not None and silence_s is not None and not silence_s > 2 * heartbeat_s:
-            raise ValueError(
-                f"silence_s ({silence_s:g} s) must exceed twice heartbeat_s ({heartbeat_s:g} s), "
-                "or healthy idle channels would be declared silent"
-            )
-        for name, count in (
-            ("max_pending_handshakes", max_pending_handshakes),
-            ("max_pending_per_source", max_pending_per_source),
-        ):
-            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-                raise ValueError(f"{name} must be a positive integer, got {count!r}")
-        if faults is not None and not isinstance(faults, LinkFaults):
-            raise TypeError(f"faults must be a LinkFaults or None, got {type(faults).__name__}")
+        _check_timing(
+            handshake_timeout=handshake_timeout,
+            io_timeout=io_timeout,
+            send_timeout=send_timeout,
+            reconnect_timeout=reconnect_timeout,
+            backoff_initial=backoff_initial,
+            backoff_max=backoff_max,
+            heartbeat_s=heartbeat_s,
+            silence_s=silence_s,
+        )
+        _check_limits(max_pending_handshakes, max_pending_per_source, faults)
         self._node_id = node_id
         self._static_key = static_key
         self._roster = roster
@@ -403,14 +464,13 @@ class PeerNet:
         self._max_per_source = max_pending_per_source
         self._heartbeat_s = None if heartbeat_s is None else float(heartbeat_s)
         self._silence_s = None if silence_s is None else float(silence_s)
-        ticks = []
-        if self._heartbeat_s is not None:
-            ticks.append(self._heartbeat_s / 2)
-        if self._silence_s is not None:
-            ticks.append(self._silence_s / 4)
-        self._tick = max(0.005, min(ticks)) if ticks else None
+        self._tick = _tick_interval(self._heartbeat_s, self._silence_s)
         self._faults = faults
+        self._init_state(nbrs)
 
+    def _init_state(self, nbrs: frozenset[int]) -> None:
+        """The run-time state: channels, their statistics and events, pending handshakes,
+        tasks, the listening server and closing."""
         self._stats = {p: PeerStats() for p in sorted(nbrs)}
         self._selected: dict[int, _Conn] = {}
         self._up = {p: asyncio.Event() for p in nbrs}

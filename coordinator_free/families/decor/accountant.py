@@ -24,7 +24,7 @@ terms known, is charged the round's local-DP loss. Every record is checked befor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -318,17 +318,12 @@ def _decor_problem(
     return None
 
 
-def replay_rounds(run_dir: Path, plan, integrity: list[dict], notes: list[dict]):
-    """What the logs say about every round (:class:`RealisedRounds`), with the integrity checks
-    of every step-exchange family (``scan_exchanges``) and DECOR's own: the seed exchange
-    (``decor-pair``, ``decor-no-pair``, ``decor-exchange``: neighbours only, one pair per
-    neighbour, the two ends' commitments equal), the per-round terms (``decor-noise``: one record
-    per round, of established pairs only, not of a pair dropped before) and the drops. A record
-    that fails is reported and not used: a node whose round record is unusable is treated as a
-    colluder in that round (an upper bound). Never raises on damaged logs."""
-    n, R = plan.n, plan.rounds
-    rr = RealisedRounds(n, R)
-    logs = read_logs(run_dir, plan, integrity)
+_DECOR_KINDS = ("decor-pair", "decor-no-pair", "decor-exchange", "decor-noise", "decor-drop")
+
+
+def _usable_records(logs: dict, integrity: list[dict]) -> dict[int, _Records]:
+    """Every log's records less the ``recv`` records that name no digest of the value received
+    (reported as impossible): a DECOR value is only ever logged by its digest."""
     usable: dict[int, _Records] = {}
     for v, vl in logs.items():
         kept = []
@@ -346,55 +341,84 @@ def replay_rounds(run_dir: Path, plan, integrity: list[dict], notes: list[dict])
                     continue
             kept.append(rec)
         usable[v] = _Records(kept)
-    # The checks every step-exchange family gets: unfinished logs, impossible records, values
-    # received that their sender never logged sending, or logged differently.
-    scan_exchanges(usable, plan, integrity, _safe_digest)
-    pair_commits: dict[tuple[int, int], str] = {}
-    for v, vl in usable.items():
-        pairs: dict[int, str] = {}
-        dropped: dict[int, int] = {}
-        rounds_seen: set[int] = set()
-        for rec in vl.records:
-            k = rec["k"]
-            if k in ("send", "recv", "late"):
-                if not _exchange_ok(plan, v, rec) or rec["step"] >= R:
-                    continue
-                rr.published[rec["step"]].add(v if k == "send" else rec["peer"])
+    return usable
+
+
+@dataclass
+class _NodePairs:
+    """What node v's log established so far, while it is replayed."""
+
+    pairs: dict[int, str] = field(default_factory=dict)  # peer -> commitment
+    dropped: dict[int, int] = field(default_factory=dict)  # peer -> first round without it
+    rounds_seen: set[int] = field(default_factory=set)
+
+
+def _replay_decor_record(
+    plan,
+    v: int,
+    rec: dict,
+    node: _NodePairs,
+    rr: RealisedRounds,
+    pair_commits: dict[tuple[int, int], str],
+    integrity: list[dict],
+) -> None:
+    """One of DECOR's own records of node v: checked, then noted in ``node``, ``rr`` and
+    ``pair_commits`` (a record with a problem is reported and not used)."""
+    k, R = rec["k"], plan.rounds
+    problem = _decor_problem(plan, v, rec, node.pairs, node.rounds_seen)
+    if problem is None and k == "decor-noise":
+        late = [j for j in rec["peers"] if node.dropped.get(j, R) <= rec["round"]]
+        if late:
+            problem = f"terms of pairs {late} dropped before round {rec['round']}"
+    if problem is not None:
+        integrity.append(
+            {
+                "node": v,
+                "kind": "impossible-record",
+                "message": f"{k} record seq {rec.get('seq')!r}: {problem}; ignored",
+            }
+        )
+        return
+    if k == "decor-pair":
+        node.pairs[rec["peer"]] = rec["commit"]
+        pair_commits[(v, rec["peer"])] = rec["commit"]
+    elif k == "decor-drop":
+        node.dropped[rec["peer"]] = min(node.dropped.get(rec["peer"], R), rec["first_round"])
+    elif k == "decor-noise":
+        r = rec["round"]
+        node.rounds_seen.add(r)
+        peers = tuple(int(p) for p in rec["peers"])
+        rr.added[r][v] = peers
+        for j, c in zip(peers, rec["commits"], strict=True):
+            rr.commits[r][(v, j)] = c
+
+
+def _replay_node(
+    plan,
+    v: int,
+    records: list[dict],
+    rr: RealisedRounds,
+    pair_commits: dict[tuple[int, int], str],
+    integrity: list[dict],
+) -> None:
+    """Node v's records in log order: the values it published or received (exchange records
+    that ``scan_exchanges`` accepts) and DECOR's own records."""
+    node = _NodePairs()
+    for rec in records:
+        k = rec["k"]
+        if k in ("send", "recv", "late"):
+            if not _exchange_ok(plan, v, rec) or rec["step"] >= plan.rounds:
                 continue
-            if k not in (
-                "decor-pair",
-                "decor-no-pair",
-                "decor-exchange",
-                "decor-noise",
-                "decor-drop",
-            ):
-                continue
-            problem = _decor_problem(plan, v, rec, pairs, rounds_seen)
-            if problem is None and k == "decor-noise":
-                late = [j for j in rec["peers"] if dropped.get(j, R) <= rec["round"]]
-                if late:
-                    problem = f"terms of pairs {late} dropped before round {rec['round']}"
-            if problem is not None:
-                integrity.append(
-                    {
-                        "node": v,
-                        "kind": "impossible-record",
-                        "message": f"{k} record seq {rec.get('seq')!r}: {problem}; ignored",
-                    }
-                )
-                continue
-            if k == "decor-pair":
-                pairs[rec["peer"]] = rec["commit"]
-                pair_commits[(v, rec["peer"])] = rec["commit"]
-            elif k == "decor-drop":
-                dropped[rec["peer"]] = min(dropped.get(rec["peer"], R), rec["first_round"])
-            elif k == "decor-noise":
-                r = rec["round"]
-                rounds_seen.add(r)
-                peers = tuple(int(p) for p in rec["peers"])
-                rr.added[r][v] = peers
-                for j, c in zip(peers, rec["commits"], strict=True):
-                    rr.commits[r][(v, j)] = c
+            rr.published[rec["step"]].add(v if k == "send" else rec["peer"])
+            continue
+        if k not in _DECOR_KINDS:
+            continue
+        _replay_decor_record(plan, v, rec, node, rr, pair_commits, integrity)
+
+
+def _check_pair_commits(pair_commits: dict[tuple[int, int], str], integrity: list[dict]) -> None:
+    """``pair-commit-mismatch``: the two ends of a pair logged different commitments for the
+    secret they established."""
     for (v, j), c in sorted(pair_commits.items()):
         if v < j and (j, v) in pair_commits and pair_commits[(j, v)] != c:
             integrity.append(
@@ -405,46 +429,56 @@ def replay_rounds(run_dir: Path, plan, integrity: list[dict], notes: list[dict])
                     "secret they established: one of the logs is not what its node wrote",
                 }
             )
-    for r in range(R):
-        for v in sorted(rr.published[r]):
-            if v not in rr.added[r]:
-                # Published, but we do not know which terms it added: give its secrets away.
-                rr.unknown[r].add(v)
-                if v in logs:
+
+
+def _unknown_publishers(rr: RealisedRounds, r: int, logs: dict, integrity: list[dict]) -> None:
+    """Nodes that published in round r without a usable record of the terms they added: their
+    secrets are given away (``missing-record`` for those whose log was read)."""
+    for v in sorted(rr.published[r]):
+        if v not in rr.added[r]:
+            # Published, but we do not know which terms it added: give its secrets away.
+            rr.unknown[r].add(v)
+            if v in logs:
+                integrity.append(
+                    {
+                        "node": v,
+                        "kind": "missing-record",
+                        "message": f"round {r}: node {v} sent its value but its log has no "
+                        "decor-noise record of the terms it added; counted as a colluder "
+                        "in that round",
+                    }
+                )
+
+
+def _mismatched_pairs(rr: RealisedRounds, r: int, integrity: list[dict]) -> None:
+    """Pairs whose two ends both added their round-r terms under different commitments: both
+    ends are given away (``pair-mismatch``)."""
+    for v, peers in rr.added[r].items():
+        for j in peers:
+            if v < j and j in rr.added[r] and v in rr.added[r][j]:
+                a, b = rr.commits[r].get((v, j)), rr.commits[r].get((j, v))
+                if a != b:
+                    # Both ends derive the round's key from the secret they agreed on, so the
+                    # commitments differ only if a log is not what its node wrote: the terms
+                    # cannot be trusted to cancel or to be secret; give both ends away.
+                    rr.unknown[r].update((v, j))
                     integrity.append(
                         {
                             "node": v,
-                            "kind": "missing-record",
-                            "message": f"round {r}: node {v} sent its value but its log has no "
-                            "decor-noise record of the terms it added; counted as a colluder "
-                            "in that round",
+                            "kind": "pair-mismatch",
+                            "message": f"round {r}: nodes {v} and {j} logged different "
+                            "commitments for their pair; both are counted as colluders in "
+                            "that round",
                         }
                     )
-        for v, peers in rr.added[r].items():
-            for j in peers:
-                if v < j and j in rr.added[r] and v in rr.added[r][j]:
-                    a, b = rr.commits[r].get((v, j)), rr.commits[r].get((j, v))
-                    if a != b:
-                        # Both ends derive the round's key from the secret they agreed on, so the
-                        # commitments differ only if a log is not what its node wrote: the terms
-                        # cannot be trusted to cancel or to be secret; give both ends away.
-                        rr.unknown[r].update((v, j))
-                        integrity.append(
-                            {
-                                "node": v,
-                                "kind": "pair-mismatch",
-                                "message": f"round {r}: nodes {v} and {j} logged different "
-                                "commitments for their pair; both are counted as colluders in "
-                                "that round",
-                            }
-                        )
-    missing = sorted(set(range(n)) - set(logs))
-    for v in missing:
-        for r in range(R):
-            rr.unknown[r].add(v)
+
+
+def _note_one_sided_terms(rr: RealisedRounds, notes: list[dict]) -> None:
+    """A note counting the pair terms a publishing node added whose other end did not (noise
+    that did not cancel)."""
     one_sided = sum(
         1
-        for r in range(R)
+        for r in range(rr.rounds)
         for v, peers in rr.added[r].items()
         for j in peers
         if v in rr.published[r] and not (j in rr.published[r] and v in rr.added[r].get(j, ()))
@@ -458,6 +492,34 @@ def replay_rounds(run_dir: Path, plan, integrity: list[dict], notes: list[dict])
                 "that node only",
             }
         )
+
+
+def replay_rounds(run_dir: Path, plan, integrity: list[dict], notes: list[dict]):
+    """What the logs say about every round (:class:`RealisedRounds`), with the integrity checks
+    of every step-exchange family (``scan_exchanges``) and DECOR's own: the seed exchange
+    (``decor-pair``, ``decor-no-pair``, ``decor-exchange``: neighbours only, one pair per
+    neighbour, the two ends' commitments equal), the per-round terms (``decor-noise``: one record
+    per round, of established pairs only, not of a pair dropped before) and the drops. A record
+    that fails is reported and not used: a node whose round record is unusable is treated as a
+    colluder in that round (an upper bound). Never raises on damaged logs."""
+    n, R = plan.n, plan.rounds
+    rr = RealisedRounds(n, R)
+    logs = read_logs(run_dir, plan, integrity)
+    usable = _usable_records(logs, integrity)
+    # The checks every step-exchange family gets: unfinished logs, impossible records, values
+    # received that their sender never logged sending, or logged differently.
+    scan_exchanges(usable, plan, integrity, _safe_digest)
+    pair_commits: dict[tuple[int, int], str] = {}
+    for v, vl in usable.items():
+        _replay_node(plan, v, vl.records, rr, pair_commits, integrity)
+    _check_pair_commits(pair_commits, integrity)
+    for r in range(R):
+        _unknown_publishers(rr, r, logs, integrity)
+        _mismatched_pairs(rr, r, integrity)
+    for v in sorted(set(range(n)) - set(logs)):
+        for r in range(R):
+            rr.unknown[r].add(v)
+    _note_one_sided_terms(rr, notes)
     return rr, logs
 
 
