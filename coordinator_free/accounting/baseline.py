@@ -60,7 +60,8 @@ def below_exact_legend(count: int) -> str:
 BELOW_EXACT_MAX_N = 512
 LEGEND = (
     "^ local DP, the valid bound, is shown: the paper's formula is above it there "
-    "(the formula's value: eps in --json)"
+    "(the formula's value: eps in --json); a formula's Renyi bound is capped by local DP in "
+    "the same RDP conversion (eps_rdp of the local-DP line)"
 )
 
 
