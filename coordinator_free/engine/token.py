@@ -389,7 +389,14 @@ class TokenEngine:
         value = np.array(m.payload, dtype=np.float64)
         if not np.isfinite(value).all():
             # Never used, never acknowledged: refused, so the sender re-routes it.
-            self.out.log("bad-message", peer=peer, kind="non-finite", token=token, at=step)
+            self.out.log(
+                "bad-message",
+                peer=peer,
+                kind="non-finite",
+                token=token,
+                at=step,
+                digest=wk.digest(value),
+            )
             if refuse:
                 meta = {"a": _attempt(m), "refused": "non-finite"}
                 self._send(peer, Message(kind="token_nack", round=token, step=step, meta=meta))
