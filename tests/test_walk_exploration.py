@@ -233,3 +233,43 @@ def test_many_explored_schedules_keep_the_hand_off_invariants(name, tmp_path):
     count = int(os.environ.get("WALK_EXPLORATION_PER_PROTOCOL", "2000"))
     for seed in range(QUICK, QUICK + count):
         explore(name, seed, tmp_path if seed % 100 == 0 else None)
+
+
+#: A run of every way a walk can end: (protocol, declared faults, in-memory network faults).
+ENDINGS = {
+    "completed": ("ring-sum", [], {}),
+    # the holder of step 4 dies right after offering step 5: its custodian ends the walk lost
+    "lost": ("ring-sum", ["kill:4@5"], {}),
+    # the ring's link 2-3 is cut: node 2 has no other next hop
+    "stuck": ("ring-sum", [], {"partitions": [(2, 3, 0.0005, None)]}),
+    # node 4 loses both ring neighbours before the walk's end can reach it
+    "cut-off": ("ring-sum", ["cut:4@2"], {}),
+    # token 0's start node dies before its first hand-off is committed: nobody holds custody,
+    # and the walk ends by the run-level bound
+    "timeout": ("complete-sum", [], {"crash": {0: 0.0005}}),
+}
+
+
+def test_the_endings_are_one_vocabulary():
+    assert set(ENDINGS) == set(WALK_ENDS)
+    assert audit_walk._WALK_ENDS is WALK_ENDS
+
+
+@pytest.mark.parametrize("how", list(ENDINGS))
+def test_every_walk_ending_passes_the_audit(how, tmp_path):
+    from memrun import write_run_dir
+
+    from coordinator_free.accounting import audit
+
+    name, specs, extra = ENDINGS[how]
+    cfg = cfg_of(name, specs)
+    run = run_config(cfg, Faults.of_config(cfg, **extra), seed=0)
+    ends = [
+        e for res in run.results.values() if res is not None for e in res["walks"]["ended"].values()
+    ]
+    assert how in {e["how"] for e in ends}, ends
+    logged = [f for v in run.logs for k, f in run.logs[v] if k in ("walk-end", "walk-timeout")]
+    assert logged
+    rep = audit.audit_run(write_run_dir(cfg, run, tmp_path / how))
+    assert not [i for i in rep["integrity"] if i["kind"] in ("impossible-record", "double-step")]
+    assert rep["fault_free"] is (how == "completed")
