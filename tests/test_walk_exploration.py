@@ -14,7 +14,7 @@ must keep the hand-off's invariants:
   had (both known here from outside the logs).
 
 The quick variant runs a few hundred schedules; ``-m slow`` runs many more (its size is
-``WALK_EXPLORATION_PER_PROTOCOL``, default 2000 per protocol)."""
+``WALK_EXPLORATION_PER_PROTOCOL``, default 2500 per protocol)."""
 
 from __future__ import annotations
 
@@ -230,7 +230,7 @@ def test_explored_schedules_keep_the_hand_off_invariants(name, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(PROTOCOLS))
 def test_many_explored_schedules_keep_the_hand_off_invariants(name, tmp_path):
-    count = int(os.environ.get("WALK_EXPLORATION_PER_PROTOCOL", "2000"))
+    count = int(os.environ.get("WALK_EXPLORATION_PER_PROTOCOL", "2500"))
     for seed in range(QUICK, QUICK + count):
         explore(name, seed, tmp_path if seed % 100 == 0 else None)
 
