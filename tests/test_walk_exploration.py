@@ -52,11 +52,14 @@ def cfg_of(name: str, specs: list[str] | None = None):
     return config.load(EX / f"{name}.toml", sets, specs or [])
 
 
-def schedule(name: str, seed: int) -> tuple[list[str], dict, list[str]]:
+def schedule(name: str, seed: int, only: str | None = None) -> tuple[list[str], dict, list[str]]:
     """Schedule ``seed`` of protocol ``name``: the declared fault specs, the in-memory
-    network's own faults (reordering, a cut link), and the kinds it mixes (one to three)."""
+    network's own faults (reordering, a cut link), and the kinds it mixes (one to three; or
+    just ``only``)."""
     rng = random.Random(f"{name}/{seed}")
     kinds = rng.sample(KINDS, 1 if seed % 3 else rng.randint(2, 3))
+    if only is not None:
+        kinds = [only]
     n = 6
     specs: list[str] = []
     extra: dict = {}
@@ -130,9 +133,9 @@ class Watched:
         return actions
 
 
-def explore(name: str, seed: int, tmp_path: Path | None = None) -> dict:
+def explore(name: str, seed: int, tmp_path: Path | None = None, only: str | None = None) -> dict:
     """Run schedule ``seed`` of ``name``, check the invariants; returns what happened."""
-    specs, extra, kinds = schedule(name, seed)
+    specs, extra, kinds = schedule(name, seed, only)
     cfg = cfg_of(name, specs)
     problems: list[str] = []
     sights: set = set()
@@ -273,3 +276,34 @@ def test_every_walk_ending_passes_the_audit(how, tmp_path):
     rep = audit.audit_run(write_run_dir(cfg, run, tmp_path / how))
     assert not [i for i in rep["integrity"] if i["kind"] in ("impossible-record", "double-step")]
     assert rep["fault_free"] is (how == "completed")
+
+
+def test_a_holder_paused_past_the_grace_period_learns_the_walk_ended_and_makes_no_step():
+    """Node 1 stops while it holds token 0 (it offered the next step and waits for the ack),
+    for longer than the silence verdict and the grace period: its custodian ends the walk lost
+    at 1, while token 1 walks on. Node 1, resumed, is told the walk ended, logs that its
+    hand-off is stale, and never makes another step of token 0; nobody else does either."""
+    cfg = config.load(
+        EX / "complete-sum.toml",
+        [
+            "graph.nodes=6",
+            "protocol.hops=300",
+            "protocol.tokens=2",
+            f"network.deadline_s={DEADLINE}",
+        ],
+        ["stop:1@40+12"],
+    )
+    run = run_config(cfg, Faults.of_config(cfg, delay=(0.001, 0.1)), seed=0)
+    assert set(run.outcome.values()) == {"finished"}
+    ends = {v: res["walks"]["ended"] for v, res in run.results.items()}
+    assert all(e["0"]["how"] == "lost" and e["0"]["at"] == 1 for e in ends.values()), ends
+    assert all(e["1"]["how"] == "completed" for e in ends.values()), ends
+    log1 = run.logs[1]
+    stale = [i for i, (k, f) in enumerate(log1) if k == "token-stale" and f["token"] == 0]
+    assert stale
+    assert not [f for k, f in log1[stale[0] :] if k == "token-step" and f["token"] == 0]
+    made0 = [(v, f["step"]) for v in run.logs for f in run.records(v, "token-step")
+             if f["token"] == 0]  # fmt: skip
+    last = max(s for _, s in made0)
+    assert [v for v, s in made0 if s == last] == [1]  # the walk stopped where it was lost
+    assert sorted(s for _, s in made0) == list(range(last + 1))

@@ -600,6 +600,8 @@ class TokenEngine:
                     self.out.send(event.peer, self._end_msg(m.round))
             elif m.kind == "token":
                 self.out.log("bad-message", peer=event.peer, kind="token", token=m.round)
+            elif m.kind.startswith("token_") and m.round in self.ended:
+                self.out.send(event.peer, self._end_msg(m.round))  # a stale hand-off: tell it
         if pending and now < until:
             return
         self.finished = True
