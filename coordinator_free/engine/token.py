@@ -114,6 +114,10 @@ class WalkOutcome:
     reroutes: list[dict] = field(default_factory=list)
 
 
+#: The longest a node waits for its neighbours' goodbyes (saying its own every deadline).
+GOODBYE_DEADLINES = 6
+
+
 def run_bound(plan, deadline: float) -> float:
     """A bound on the whole walk, never reached in a live run: every hop of every token may use
     its deadline a few times over."""
@@ -158,6 +162,7 @@ class TokenEngine:
         self._t0 = 0.0
         self._end_at = 0.0
         self._bye: tuple[set[int], float] | None = None  # (pending, until) once saying goodbye
+        self._bye_retry = 0.0  # when to say done again to the neighbours still pending
 
     # ------------------------------------------------------------------------------ driver
 
@@ -202,7 +207,11 @@ class TokenEngine:
         if self.finished:
             return None
         if self._bye is not None:
-            return self._bye[1]
+            pending, until = self._bye
+            if not pending:
+                return until
+            wake = [self._due(w, self._bye_retry) for w in pending]
+            return min([until, *wake])
         wake = [self._due(o.to, o.retry) for o in self.offers.values()]
         wake += [self._due(c.peer, c.retry) for c in self.custody.values()]
         alone = self._alone_since()
@@ -573,20 +582,35 @@ class TokenEngine:
     # ------------------------------------------------------------------------------ goodbye
 
     def _begin_goodbye(self, now: float) -> None:
-        """Say done (with how every walk ended) to every neighbour and wait (bounded) for
-        theirs."""
-        live = [w for w in self.neighbours if w not in self.down]
-        ended = {str(j): [e["how"], e["at"], e["step"]] for j, e in self.ended.items()}
-        for w in live:
-            self.out.send(w, Message(kind="done", round=0, step=0, meta={"ended": ended}))
-        self._bye = ({w for w in live if w not in self.finished_peers}, now + self.deadline)
+        """Say done (with how every walk ended) to every neighbour and wait for theirs, saying
+        it again every deadline: until every neighbour said done or is gone (down past the grace
+        period), at most GOODBYE_DEADLINES deadlines. A neighbour that missed a walk's end (a
+        lost ``walk_end``) learns it from the repeated done."""
+        self._say_done([w for w in self.neighbours if w not in self.down])
+        pending = {w for w in self.neighbours if w not in self.finished_peers}
+        self._bye = (pending, now + GOODBYE_DEADLINES * self.deadline)
+        self._bye_retry = now + self.deadline
         self._goodbye_event(None, now)
+
+    def _say_done(self, peers) -> None:
+        ended = {str(j): [e["how"], e["at"], e["step"]] for j, e in self.ended.items()}
+        for w in peers:
+            if w not in self.down:
+                self.out.send(w, Message(kind="done", round=0, step=0, meta={"ended": ended}))
 
     def _goodbye_event(self, event: NetEvent | None, now: float) -> None:
         assert self._bye is not None
         pending, until = self._bye
         if isinstance(event, PeerDown):
-            pending.discard(event.peer)
+            if event.peer in pending:  # one that said done may close its channel: no news
+                self._peer_down(event.peer, str(event.reason))
+        elif isinstance(event, PeerUp):
+            if event.peer in self.down:
+                self.down.discard(event.peer)
+                self.down_at.pop(event.peer, None)
+                self.out.log("peer-up", peer=event.peer)
+                if event.peer in pending:
+                    self._say_done([event.peer])
         elif isinstance(event, Inbound):
             m = event.message
             if m.kind == "done":
@@ -602,6 +626,10 @@ class TokenEngine:
                 self.out.log("bad-message", peer=event.peer, kind="token", token=m.round)
             elif m.kind.startswith("token_") and m.round in self.ended:
                 self.out.send(event.peer, self._end_msg(m.round))  # a stale hand-off: tell it
+        pending -= {w for w in pending if self._gone(w)}
+        if pending and now >= self._bye_retry:
+            self._say_done(sorted(pending))
+            self._bye_retry = now + self.deadline
         if pending and now < until:
             return
         self.finished = True
