@@ -563,6 +563,9 @@ class TokenEngine:
                     self._send(c.peer, self._msg("token_query", token, c.step, c.attempt))
                 else:
                     c.retry = now + self.deadline
+                    self.out.log(
+                        "token-resend", token=token, step=c.step, peer=c.peer, what="commit"
+                    )
                     self._send(c.peer, self._msg("token_commit", token, c.step, c.attempt))
         for token, o in list(self.offers.items()):
             if self.offers.get(token) is not o:
@@ -576,7 +579,7 @@ class TokenEngine:
                     self._reroute(token, "peer-down")
             elif o.to not in self.down and now >= o.retry:
                 o.retry = now + self.deadline
-                self.out.log("token-resend", token=token, step=o.step, peer=o.to)
+                self.out.log("token-resend", token=token, step=o.step, peer=o.to, what="token")
                 self._send(o.to, self._msg("token", token, o.step, o.attempt, payload=o.value))
 
     # ------------------------------------------------------------------------------ goodbye
@@ -628,6 +631,7 @@ class TokenEngine:
                 self.out.send(event.peer, self._end_msg(m.round))  # a stale hand-off: tell it
         pending -= {w for w in pending if self._gone(w)}
         if pending and now >= self._bye_retry:
+            self.out.log("goodbye-resend", peers=sorted(pending))
             self._say_done(sorted(pending))
             self._bye_retry = now + self.deadline
         if pending and now < until:
