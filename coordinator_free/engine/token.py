@@ -163,6 +163,7 @@ class TokenEngine:
         self._end_at = 0.0
         self._bye: tuple[set[int], float] | None = None  # (pending, until) once saying goodbye
         self._bye_retry = 0.0  # when to say done again to the neighbours still pending
+        self._bye_unanswered: set[int] = set()  # neighbours gone before saying done
 
     # ------------------------------------------------------------------------------ driver
 
@@ -629,7 +630,9 @@ class TokenEngine:
                 self.out.log("bad-message", peer=event.peer, kind="token", token=m.round)
             elif m.kind.startswith("token_") and m.round in self.ended:
                 self.out.send(event.peer, self._end_msg(m.round))  # a stale hand-off: tell it
-        pending -= {w for w in pending if self._gone(w)}
+        gone = {w for w in pending if self._gone(w)}
+        self._bye_unanswered |= gone
+        pending -= gone
         if pending and now >= self._bye_retry:
             self.out.log("goodbye-resend", peers=sorted(pending))
             self._say_done(sorted(pending))
@@ -637,6 +640,9 @@ class TokenEngine:
         if pending and now < until:
             return
         self.finished = True
+        if self._bye_unanswered or pending:
+            # their done never came (lost, or they went down first)
+            self.out.log("goodbye-unanswered", peers=sorted(self._bye_unanswered | pending))
         self.out.log("finished", steps=self.steps_made, reroutes=len(self.reroutes))
         result = {
             "node": self.node,
