@@ -215,7 +215,15 @@ MAY_NOT_FIRE = {
 
 #: The records a node writes when a lost message is recovered from (a value missed at its
 #: step and taken late; a token re-routed, refused and offered again, or its commit lost).
-_RECOVERY = ("late", "token-reroute", "token-nack", "commit-timeout")
+_RECOVERY = (
+    "late",
+    "token-reroute",
+    "token-nack",
+    "commit-timeout",
+    "token-resend",
+    "goodbye-resend",
+    "goodbye-unanswered",
+)
 
 
 def _fired(run, kind: str, name: str) -> bool:

@@ -70,6 +70,7 @@ ALLOWED_KINDS: frozenset[str] = frozenset(
         "token_fwd",
         "token_nack",
         "token_query",
+        "token_taken",
         "walk_end",
         # decor seed exchange and pair drops (coordinator_free/families/decor/node.py)
         "decor_pub",

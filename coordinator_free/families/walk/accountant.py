@@ -40,6 +40,7 @@ from coordinator_free.accounting.core import (
     read_logs,
     smallest_sigma,
 )
+from coordinator_free.engine.token import WALK_ENDS
 from coordinator_free.families.walk import protocol as wk
 from coordinator_free.privacy import walk as acct
 
@@ -395,7 +396,7 @@ def _loss_entry(x: dict) -> dict:
 
 # ------------------------------------------------------------------------------ audit
 
-_WALK_ENDS = ("completed", "lost", "stuck", "timeout")
+_WALK_ENDS = WALK_ENDS
 #: The records that say who made which step (the others only mark a faulty run).
 _PATH_KINDS = (
     "token-start",
