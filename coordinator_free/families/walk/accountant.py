@@ -497,88 +497,132 @@ def replay(run_dir: Path, plan: wk.WalkPlan, integrity: list[dict]) -> WalkRepla
     have made it (a trusted log holds every step its node made). Everything else stays unknown,
     and the losses that depend on it are not computed from a guess."""
     logs = read_logs(run_dir, plan, integrity)
-    n, T, J = plan.n, plan.hops, plan.tokens
-    claims: list[dict[int, dict[int, list[str]]]] = [{} for _ in range(J)]
-    logged_data: list[dict[int, bool]] = [{} for _ in range(J)]
-    seen: list[dict[int, set[int]]] = [{} for _ in range(J)]
-    made: list[dict[int, set[int]]] = [{} for _ in range(J)]
-    ends: dict[int, dict] = {}
-    sends: list[tuple[int, int, int, int]] = []  # (token, step, sender, receiver)
-    send_digest: dict[tuple[int, int, int], str] = {}  # (token, step, sender)
-    seen_digest: list[tuple[int, int, int, int, str]] = []  # (token, step, receiver, sender, dg)
-    fault_free = len(logs) == n
-
-    def claim(j: int, s: int, node: int, why: str, own: bool = False) -> None:
-        claims[j].setdefault(s, {}).setdefault(node, []).append(why)
-        if own:
-            made[j].setdefault(node, set()).add(s)
-
+    pc = _PathClaims.empty(plan.tokens, fault_free=len(logs) == plan.n)
     for v, vl in logs.items():
-        finished = False
-        steps_made: set[tuple[int, int]] = set()
-        for r in vl.records:
-            k = r.get("k")
-            if k == "finished":
-                finished = True
-            if k in _FAULT_KINDS:
-                fault_free = False
-            if k not in _PATH_KINDS:
-                continue
-            problem = _path_record_problem(plan, v, r)
-            if problem is not None:
-                integrity.append(
-                    {
-                        "node": v,
-                        "kind": "impossible-record",
-                        "message": f"{k} record seq {r.get('seq')!r}: {problem}; ignored",
-                    }
-                )
-                continue
-            j, s, peer = r["token"], r.get("step"), r.get("peer")
-            if k == "token-start":
-                claim(j, 0, v, f"{v} started it", own=True)
-            elif k == "token-step":
-                if (j, s) in steps_made:
-                    integrity.append(
-                        {
-                            "node": v,
-                            "kind": "double-step",
-                            "message": f"token {j} step {s} is logged twice by node {v}",
-                        }
-                    )
-                steps_made.add((j, s))
-                claim(j, s, v, f"{v} logged making it", own=True)
-                logged_data[j][s] = logged_data[j].get(s, False) or r["data"]
-            elif k == "token-seen":
-                claim(j, s - 1, peer, f"{v} saw {peer}'s result")
-                seen[j].setdefault(v, set()).add(s)
-                seen_digest.append((j, s, v, peer, _record_digest(r)))
-            elif k in ("token-accept", "commit-assumed"):
-                claim(j, s, v, f"{v} took the token over", own=True)
-                claim(j, s - 1, peer, f"{v} took {peer}'s result")
-            elif k == "token-send":
-                claim(j, s - 1, v, f"{v} handed its result on")
-                sends.append((j, s, v, peer))
-                send_digest[(j, s, v)] = _record_digest(r)
-            elif k == "walk-end":
-                ends.setdefault(j, {"how": r["how"], "at": r.get("at"), "step": s})
-                if r["how"] == "completed":
-                    claim(j, T - 1, r["at"], f"{v} heard the walk completed at {r['at']}")
-        if not finished:
-            fault_free = False
+        _read_path_records(plan, v, vl.records, pc, integrity)
+    _claim_hand_offs(pc)
+    _check_seen_digests(pc, integrity)
+    flagged = {f.get("node") for f in integrity}
+    trusted = {v for v in logs if v not in flagged}
+    untrusted = [v for v in range(plan.n) if v not in trusted]
+    walks, certain = [], []
+    for j in range(plan.tokens):
+        walk, cut = _walk_of(plan, j, pc, untrusted, integrity)
+        walks.append(walk)
+        certain.append(cut)
+    return WalkReplay(walks, set(logs), trusted, certain, pc.fault_free and not integrity, pc.made)
+
+
+@dataclass
+class _PathClaims:
+    """What the path records of every log say about the walks: who claims to have made each
+    step of each token (and why), the data flags, the sightings, the steps each node made, the
+    walks' ends, the hand-offs and their digests."""
+
+    claims: list[dict[int, dict[int, list[str]]]]
+    logged_data: list[dict[int, bool]]
+    seen: list[dict[int, set[int]]]
+    made: list[dict[int, set[int]]]
+    fault_free: bool
+    ends: dict[int, dict] = field(default_factory=dict)
+    sends: list[tuple[int, int, int, int]] = field(default_factory=list)  # (token, step, a, b)
+    send_digest: dict[tuple[int, int, int], str] = field(default_factory=dict)
+    # (token, step, receiver, sender, digest)
+    seen_digest: list[tuple[int, int, int, int, str]] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, tokens: int, *, fault_free: bool) -> _PathClaims:
+        return cls(
+            claims=[{} for _ in range(tokens)],
+            logged_data=[{} for _ in range(tokens)],
+            seen=[{} for _ in range(tokens)],
+            made=[{} for _ in range(tokens)],
+            fault_free=fault_free,
+        )
+
+    def claim(self, j: int, s: int, node: int, why: str, own: bool = False) -> None:
+        self.claims[j].setdefault(s, {}).setdefault(node, []).append(why)
+        if own:
+            self.made[j].setdefault(node, set()).add(s)
+
+
+def _read_path_records(plan: wk.WalkPlan, v: int, records, pc: _PathClaims, integrity: list):
+    """Node v's path records into ``pc`` (a record that cannot be true is a finding, ignored);
+    a log that does not end with the run finished is a finding."""
+    T = plan.hops
+    finished = False
+    steps_made: set[tuple[int, int]] = set()
+    for r in records:
+        k = r.get("k")
+        if k == "finished":
+            finished = True
+        if k in _FAULT_KINDS:
+            pc.fault_free = False
+        if k not in _PATH_KINDS:
+            continue
+        problem = _path_record_problem(plan, v, r)
+        if problem is not None:
             integrity.append(
                 {
                     "node": v,
-                    "kind": "unfinished",
-                    "message": "the log ends before the run finished (crash, kill or truncation)",
+                    "kind": "impossible-record",
+                    "message": f"{k} record seq {r.get('seq')!r}: {problem}; ignored",
                 }
             )
-    for j, s, a, b in sends:
-        end = ends.get(j, {})
+            continue
+        j, s, peer = r["token"], r.get("step"), r.get("peer")
+        if k == "token-start":
+            pc.claim(j, 0, v, f"{v} started it", own=True)
+        elif k == "token-step":
+            if (j, s) in steps_made:
+                integrity.append(
+                    {
+                        "node": v,
+                        "kind": "double-step",
+                        "message": f"token {j} step {s} is logged twice by node {v}",
+                    }
+                )
+            steps_made.add((j, s))
+            pc.claim(j, s, v, f"{v} logged making it", own=True)
+            pc.logged_data[j][s] = pc.logged_data[j].get(s, False) or r["data"]
+        elif k == "token-seen":
+            pc.claim(j, s - 1, peer, f"{v} saw {peer}'s result")
+            pc.seen[j].setdefault(v, set()).add(s)
+            pc.seen_digest.append((j, s, v, peer, _record_digest(r)))
+        elif k in ("token-accept", "commit-assumed"):
+            pc.claim(j, s, v, f"{v} took the token over", own=True)
+            pc.claim(j, s - 1, peer, f"{v} took {peer}'s result")
+        elif k == "token-send":
+            pc.claim(j, s - 1, v, f"{v} handed its result on")
+            pc.sends.append((j, s, v, peer))
+            pc.send_digest[(j, s, v)] = _record_digest(r)
+        elif k == "walk-end":
+            pc.ends.setdefault(j, {"how": r["how"], "at": r.get("at"), "step": s})
+            if r["how"] == "completed":
+                pc.claim(j, T - 1, r["at"], f"{v} heard the walk completed at {r['at']}")
+    if not finished:
+        pc.fault_free = False
+        integrity.append(
+            {
+                "node": v,
+                "kind": "unfinished",
+                "message": "the log ends before the run finished (crash, kill or truncation)",
+            }
+        )
+
+
+def _claim_hand_offs(pc: _PathClaims) -> None:
+    """A hand-off a to b of step s says b made step s, unless the walk was lost at b there."""
+    for j, s, a, b in pc.sends:
+        end = pc.ends.get(j, {})
         if not (end.get("how") == "lost" and end.get("at") == b and end.get("step") == s):
-            claim(j, s, b, f"{a} handed it to {b}")
-    for j, s, v, peer, dg in seen_digest:
-        sent = send_digest.get((j, s, peer))
+            pc.claim(j, s, b, f"{a} handed it to {b}")
+
+
+def _check_seen_digests(pc: _PathClaims, integrity: list) -> None:
+    """Every token value a node saw against the digest its sender logged sending."""
+    for j, s, v, peer, dg in pc.seen_digest:
+        sent = pc.send_digest.get((j, s, peer))
         if sent is not None and sent != dg:
             integrity.append(
                 {
@@ -588,44 +632,40 @@ def replay(run_dir: Path, plan: wk.WalkPlan, integrity: list[dict]) -> WalkRepla
                     f"{peer} logged sending",
                 }
             )
-    flagged = {f.get("node") for f in integrity}
-    trusted = {v for v in logs if v not in flagged}
-    untrusted = [v for v in range(n) if v not in trusted]
 
-    walks, certain = [], []
-    for j in range(J):
-        holders, known_len = _resolve(plan, j, claims[j], untrusted, integrity)
-        length = holders.size
-        data, cut = _data_flags(plan, j, holders, logged_data[j], integrity)
-        certain.append(cut)
-        if cut < length:
-            fault_free = False
-            gaps = np.flatnonzero(holders < 0)
-            where = f"steps {gaps[:10].tolist()}{' ...' if gaps.size > 10 else ''}"
-            if not gaps.size:
-                where = f"the steps from {cut} on"
-            integrity.append(
-                {
-                    "node": None,
-                    "kind": "walk-gap",
-                    "message": f"token {j}: the logs do not tell who made {where} (a damaged or "
-                    "missing log); the losses of the observers who saw the token after them are "
-                    "not computed from the walk",
-                }
-            )
-        end = ends.get(j, {"how": "unknown", "at": None, "step": known_len})
-        if end.get("how") != "completed" or length != T:
-            fault_free = False
-        walks.append(
-            RealisedWalk(
-                token=j,
-                holders=holders,
-                data=data,
-                seen={v: np.asarray(sorted(x), dtype=np.int64) for v, x in seen[j].items()},
-                end=end,
-            )
+
+def _walk_of(plan: wk.WalkPlan, j: int, pc: _PathClaims, untrusted: list[int], integrity: list):
+    """Token j's realised walk from the claims, and the number of its steps known for certain
+    (a gap is a finding)."""
+    holders, known_len = _resolve(plan, j, pc.claims[j], untrusted, integrity)
+    length = holders.size
+    data, cut = _data_flags(plan, j, holders, pc.logged_data[j], integrity)
+    if cut < length:
+        pc.fault_free = False
+        gaps = np.flatnonzero(holders < 0)
+        where = f"steps {gaps[:10].tolist()}{' ...' if gaps.size > 10 else ''}"
+        if not gaps.size:
+            where = f"the steps from {cut} on"
+        integrity.append(
+            {
+                "node": None,
+                "kind": "walk-gap",
+                "message": f"token {j}: the logs do not tell who made {where} (a damaged or "
+                "missing log); the losses of the observers who saw the token after them are "
+                "not computed from the walk",
+            }
         )
-    return WalkReplay(walks, set(logs), trusted, certain, fault_free and not integrity, made)
+    end = pc.ends.get(j, {"how": "unknown", "at": None, "step": known_len})
+    if end.get("how") != "completed" or length != plan.hops:
+        pc.fault_free = False
+    walk = RealisedWalk(
+        token=j,
+        holders=holders,
+        data=data,
+        seen={v: np.asarray(sorted(x), dtype=np.int64) for v, x in pc.seen[j].items()},
+        end=end,
+    )
+    return walk, cut
 
 
 def _resolve(plan: wk.WalkPlan, j: int, claims: dict, untrusted: list[int], integrity: list):
