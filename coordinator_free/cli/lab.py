@@ -299,6 +299,7 @@ def _run(args) -> int:
     from coordinator_free.cli.run import (
         conclude,
         fault_schedule,
+        note_interruption,
         print_problems,
         save_summary,
     )
@@ -344,13 +345,19 @@ def _run(args) -> int:
             if already_cut:
                 print(f"note: the link of node(s) {already_cut} is cut", file=sys.stderr)
             print(family.banner(cfg, plan), file=sys.stderr)
-        run = asyncio.run(
-            _cancel_on_sigterm(
-                netns.launch_peers_in_lab(
-                    cfg, out, lab, show_progress=not args.quiet, on_event=schedule, port=args.port
+        with note_interruption("cfree lab run", out):
+            run = asyncio.run(
+                _cancel_on_sigterm(
+                    netns.launch_peers_in_lab(
+                        cfg,
+                        out,
+                        lab,
+                        show_progress=not args.quiet,
+                        on_event=schedule,
+                        port=args.port,
+                    )
                 )
             )
-        )
     finally:
         if temporary:
             netns.down(lab.name)

@@ -7,6 +7,7 @@ are shared with `cfree lab run`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -125,6 +126,7 @@ def conclude(cfg, plan, out: Path, run, schedule) -> tuple[dict, list]:
     ref = family_of(cfg.protocol.name).reference(cfg)
     if ref is not None:
         summary["reference"] = ref
+    summary["yardstick"] = family_of(cfg.protocol.name).yardstick(cfg, plan, summary)
     return summary, [r for r in collected["nodes"] if r["finished"]]
 
 
@@ -152,6 +154,22 @@ def print_problems(command: str, summary: dict) -> None:
             print(f"  {line}", file=sys.stderr)
 
 
+@contextlib.contextmanager
+def note_interruption(command: str, out: Path):
+    """Leave interrupted.json in the run directory when the launcher is interrupted (Ctrl-C,
+    SIGTERM), so `cfree ls` tells a stopped run from one still going."""
+    import time
+
+    try:
+        yield
+    except KeyboardInterrupt:
+        with contextlib.suppress(OSError):
+            rundir.write_json(
+                rundir.interrupted_path(out), {"command": command, "t_wall": time.time()}
+            )
+        raise
+
+
 def cmd_run(args) -> int:
     from coordinator_free.cluster import local
 
@@ -168,13 +186,14 @@ def cmd_run(args) -> int:
     if not family.has_peers(cfg):
         return _run_central(args, cfg, out)
     schedule = fault_schedule(cfg, announce=not args.quiet)
-    run = asyncio.run(
-        _cancel_on_sigterm(
-            local.launch_peers(
-                cfg, out, show_progress=not args.quiet, on_event=schedule, spawn=args.spawn
+    with note_interruption("cfree run", out):
+        run = asyncio.run(
+            _cancel_on_sigterm(
+                local.launch_peers(
+                    cfg, out, show_progress=not args.quiet, on_event=schedule, spawn=args.spawn
+                )
             )
         )
-    )
     summary, finished = conclude(cfg, plan, out, run, schedule)
     audit = save_summary(args, out, summary, finished)
     if args.json:
@@ -219,6 +238,7 @@ def _run_central(args, cfg, out: Path) -> int:
     summary = {"run_dir": str(out), "wall_s": wall, "results": results,
                "simulator_max_abs_diff": None, "failed": []}  # fmt: skip
     summary["reference"] = family_of(cfg.protocol.name).reference(cfg)
+    summary["yardstick"] = family_of(cfg.protocol.name).yardstick(cfg, sim.plan, summary)
     audit = None
     if not args.no_audit:
         audit = audit_run(out)

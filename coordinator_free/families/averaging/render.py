@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from coordinator_free import yardstick
 from coordinator_free.accounting import baseline
 from coordinator_free.accounting import render as _generic_audit
 from coordinator_free.accounting.baseline import BELOW_MARK
@@ -323,6 +324,8 @@ def print_footer(
     """The end of every run summary: the references a trained model is judged against, the
     simulator comparison, the compact audit, the run dir."""
     for line in reference_lines(summary.get("reference")):
+        print(line)
+    for line in yardstick.lines(summary.get("yardstick")):
         print(line)
     d = summary["simulator_max_abs_diff"]
     if d is not None:
