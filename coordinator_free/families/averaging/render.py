@@ -327,10 +327,19 @@ def print_footer(
         print(line)
     for line in yardstick.lines(summary.get("yardstick")):
         print(line)
+    drop = summary.get("dropout")
+    if drop:
+        counts = ", ".join(f"{v}: {c}" for v, c in enumerate(drop["sat_out"]))
+        print(
+            f"dropout {drop['p']:g} (public schedule): steps each node sat out, of "
+            f"{drop['steps']}: {counts}"
+        )
     d = summary["simulator_max_abs_diff"]
     if d is not None:
+        note = summary.get("simulator_note")
         print(
-            f"reference simulator: max |peer - simulator| = {d:.3g}{' (bitwise equal)' if d == 0 else ''}"
+            f"reference simulator: max |peer - simulator| = {d:.3g}"
+            + (" (bitwise equal)" if d == 0 else f" ({note})" if note else "")
         )
     if audit is not None:
         print()
