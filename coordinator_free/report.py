@@ -669,6 +669,8 @@ def _write_html(
 
 
 def add_parser(subparsers) -> None:
+    from coordinator_free.helptext import examples
+
     p = subparsers.add_parser(
         "report",
         help="render PNG plots of a finished run (accuracy, privacy loss by distance, heat map)",
@@ -682,6 +684,11 @@ def add_parser(subparsers) -> None:
         "input is absent are skipped with a note. report.html, written beside them (only it "
         "with --html), shows all of it on one self-contained page that loads nothing from any "
         "network.",
+        **examples(
+            "cfree run examples/dsgd-breast-cancer.toml --set protocol.rounds=5 --out /tmp/dsgd --quiet",
+            "cfree report /tmp/dsgd",
+            "cfree report /tmp/dsgd --method paper --out /tmp/dsgd-paper --no-html",
+        ),
     )
     p.add_argument("run_dir", type=Path, help="run directory written by `cfree run`")
     p.add_argument(

@@ -3,13 +3,12 @@ directory, a line each)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 from coordinator_free import rundir
-from coordinator_free.cli.common import CliError, _table
+from coordinator_free.cli.common import CliError, _table, examples
 
 
 def add_parser(sub) -> None:
@@ -27,9 +26,11 @@ def add_parser(sub) -> None:
         "JSON object per record with every field (arrays as lists). A damaged log prints "
         "every record that can still be read, then names each problem and where it is (byte "
         "offset) on stderr, and exits 1.",
-        epilog="examples:\n  cfree log dump runs/<run-dir>/logs/node-0.vlog\n"
-        "  cfree log dump runs/<run-dir>/logs/node-0.vlog --jsonl | head",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        **examples(
+            "cfree run examples/muffliato-ring.toml --out /tmp/ring --quiet",
+            "cfree log dump /tmp/ring/logs/node-0.vlog",
+            "cfree log dump /tmp/ring/logs/node-0.vlog --jsonl | head -3",
+        ),
     )
     d.add_argument("log", type=Path, help="a view log (node-<i>.vlog)")
     d.add_argument("--jsonl", action="store_true", help="one JSON object per record, in full")
@@ -45,8 +46,11 @@ def add_parser(sub) -> None:
         "or was stopped without a word), whether the audit found the run fault-free, and the "
         "largest exact pairwise eps it reports. Runs without a launcher's summary (compose, "
         "stack, k8s) are judged from the peers' result files, as cfree run judges its own.",
-        epilog="examples:\n  cfree ls\n  cfree ls runs/ --json",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        **examples(
+            "cfree run examples/muffliato-ring.toml --quiet   # into runs/",
+            "cfree ls",
+            "cfree ls runs/ --json",
+        ),
     )
     ls.add_argument("dir", nargs="?", type=Path, default=Path("runs"), help="default: runs/")
     ls.add_argument("--json", action="store_true", help="print the list as JSON")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from coordinator_free import config as config_mod
 from coordinator_free import rundir
-from coordinator_free.cli.common import _cancel_on_sigterm, add_config_args
+from coordinator_free.cli.common import _cancel_on_sigterm, add_config_args, examples
 from coordinator_free.families import family_of
 
 
@@ -26,6 +26,11 @@ def add_parser(sub) -> None:
         "TCP channels, then print the estimate error per node, rounds/s, bytes sent and the "
         "pairwise privacy losses the auditor computed from the view logs. Everything lands in a "
         "run directory (config, roster, keys, logs, results, audit).",
+        **examples(
+            "cfree run examples/muffliato-ring.toml",
+            "cfree run examples/complete-sum.toml --json > /tmp/sum.json   # the summary",
+            "cfree run examples/muffliato-ring.toml --fault dropout:0.3 --out /tmp/dropout",
+        ),
     )
     add_config_args(p, showcase=True)
     p.add_argument("--out", type=Path, help="run directory (default: runs/<name>-<time>-<rand>)")

@@ -193,6 +193,14 @@ def print_plan(rep: dict) -> None:
 print_audit = _generic_audit.print_audit
 
 
+#: The columns of the compact audit, said once (docs/privacy.md, "Glossary").
+TERMS = (
+    "exact: the loss the observer's view actually gives (the Gaussian privacy profile of what it "
+    "saw); paper: the paper's formula for the same pair; below LDP: pairs amplified, below "
+    "local DP (glossary: docs/privacy.md)"
+)
+
+
 def print_audit_compact(audit: dict, *, extra: Callable[[dict], None] | None = None) -> None:
     """PNDP table by graph distance: mean and max eps over pairs, both methods (paper capped at
     local DP, marked ^; marked ! where the accountant found a pair of that distance whose paper
@@ -243,6 +251,7 @@ def print_audit_compact(audit: dict, *, extra: Callable[[dict], None] | None = N
             rows,
         )
     )
+    print(TERMS)
     if raw_above:
         print(baseline.LEGEND)
     print_below_exact(audit)
