@@ -98,8 +98,8 @@ def averaging(plan, results: dict) -> dict:
         measured,
         expected,
         quantity="mean over the nodes that finished of |estimate - true mean|",
-        basis="the nodes' Gaussian noise mixed by the plan's gossip: "
-        "sigma * sqrt(dim) * ||M[v]||_2 per node, M the product of the gossip steps",
+        basis="each node's noise as the gossip mixes it, sigma * sqrt(dim) * ||M[v]||, "
+        "M the product of the plan's gossip steps",
         local_noise=plan.sigma * math.sqrt(plan.dim),
     )
 
@@ -139,7 +139,7 @@ def walk(plan, results: dict) -> dict:
         expected = token_noise(plan)
     else:
         basis = (
-            f"randomized response at gamma = {plan.gamma:.4g} over {plan.levels} levels, "
+            f"the debiased randomized response at gamma = {plan.gamma:.4g} over {plan.levels} levels, "
             f"{histogram_responses(plan)} responses (+ {plan.init_items} initial items), "
             "debiased"
         )
@@ -197,16 +197,23 @@ def lines(y: dict | None) -> list[str]:
     else:
         head = (
             f"yardstick: measured error {fmt(y['measured'])} against {fmt(y['expected'])} "
-            f"that the noise alone gives (root mean square: {y['basis']})"
+            f"that the noise alone gives (root mean square of {y['basis']})"
         )
     if y["ratio"] is None:
-        return [head + "; no noise, so no ratio"]
-    out = [f"{head}; ratio {y['ratio']:.2f}"]
+        return _wrap(head + "; no noise, so no ratio")
+    out = _wrap(f"{head}; ratio {y['ratio']:.2f}")
     if y["far"]:
         why = (
             "the noise costs the model much more than its own loss without noise"
             if learning_
             else "something besides the noise (faults, gossip not yet mixed) is in the error"
         )
-        out.append(f"  FAR OUTSIDE the yardstick (ratio > {y['threshold']:g}): {why}")
+        out += _wrap(f"FAR OUTSIDE the yardstick (ratio > {y['threshold']:g}): {why}", "  ")
     return out
+
+
+def _wrap(text: str, first: str = "") -> list[str]:
+    """A line of the run summary, wrapped as its other sentences are (100 columns)."""
+    import textwrap
+
+    return textwrap.wrap(text, 100, initial_indent=first, subsequent_indent="  ")
