@@ -251,7 +251,7 @@ def print_audit_compact(audit: dict, *, extra: Callable[[dict], None] | None = N
             rows,
         )
     )
-    print(TERMS)
+    print(textwrap.fill(TERMS, 100, subsequent_indent="  "))
     if raw_above:
         print(baseline.LEGEND)
     print_below_exact(audit)
