@@ -409,3 +409,72 @@ def test_every_help_example_runs(name, tmp_path):
     assert proc.returncode == 0, f"cfree {name} --help examples failed:\n{script}\n{tail}"
     if left_out:
         print(f"cfree {name}: left out (tool missing here): {left_out}")
+
+
+# ------------------------------------------------------------------ README's compose section
+
+
+def readme_compose_lines() -> list[str]:
+    """The shell lines of README's compose item (tour item 9), as written, up to the Swarm
+    stack (continuations joined; comments left out)."""
+    text = (REPO / "README.md").read_text()
+    start = text.index("# 9. A docker-compose cluster")
+    end = text.index("#    A Docker Swarm stack", start)
+    out: list[str] = []
+    for raw in text[start:end].splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if out and out[-1].endswith("\\"):
+            out[-1] = out[-1][:-1].rstrip() + " " + line
+        else:
+            out.append(line)
+    return out
+
+
+def test_readme_compose_section_builds_offline_as_deploy_md_says():
+    lines = readme_compose_lines()
+    ups = [x for x in lines if " up --build" in x]
+    assert ups and all(
+        "CFREE_BASE_IMAGE=cfree-base:bookworm CFREE_PIP_OPTIONS=--no-index" in x for x in ups
+    ), lines
+    assert lines[0] == "bash deploy/build-base-image.sh && bash deploy/fetch-wheels.sh"
+    deploy = (REPO / "docs" / "deploy.md").read_text()
+    assert "CFREE_BASE_IMAGE=cfree-base:bookworm CFREE_PIP_OPTIONS=--no-index" in deploy
+
+
+@pytest.mark.docker
+def test_readme_compose_section_runs_as_written(tmp_path):
+    """README's compose lines, in order, in a copy of the repository (the clusters write their
+    run directories there): the base image, the wheels, the top-level cluster and one
+    `cfree compose` made; each cluster ends with its audit."""
+    from dockerimg import need_docker
+
+    need_docker()
+    need_compose = shutil.which("docker-compose")
+    if need_compose is None:
+        pytest.skip("docker-compose (v1), which README's lines use, is not installed")
+    copy = tmp_path / "repo"
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
+        text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    for name in files:
+        src = REPO / name
+        if src.is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, copy / name)
+    _, env = _scratch(tmp_path)
+    failures = []
+    for line in readme_compose_lines():
+        proc = subprocess.run(["bash", "-c", line], cwd=copy, env=env, capture_output=True,
+                              text=True, timeout=3600, stdin=subprocess.DEVNULL)  # fmt: skip
+        if proc.returncode != 0:
+            failures.append(f"`{line}` exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+            break
+    for project in (copy, copy / "cluster"):
+        subprocess.run(["docker-compose", "down", "-v"], cwd=project, env=env,
+                       capture_output=True, timeout=600)  # fmt: skip
+    assert not failures, "\n".join(failures)
+    assert (copy / "runs" / "compose" / "audit.json").is_file()
+    assert (copy / "cluster" / "run" / "audit.json").is_file()
