@@ -140,8 +140,7 @@ def walk(plan, results: dict) -> dict:
     else:
         basis = (
             f"the debiased randomized response at gamma = {plan.gamma:.4g} over {plan.levels} levels, "
-            f"{histogram_responses(plan)} responses (+ {plan.init_items} initial items), "
-            "debiased"
+            f"{histogram_responses(plan)} responses (+ {plan.init_items} initial items)"
         )
         expected = histogram_noise(plan)
     return judge(
