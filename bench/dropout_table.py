@@ -116,8 +116,15 @@ def main() -> int:
         if not steps:
             print(f"| {p:.0%} | no convergence | | |")
             continue
+        short = len(steps) < args.seeds
         print(
-            f"| {p:.0%} | {np.mean(steps):.1f} ± {np.std(steps):.1f} "
+            f"| {p:.0%} | {np.mean(steps):.1f} ± {np.std(steps):.1f}"
+            + (
+                f" ({len(steps)} of {args.seeds} seeds converge within {args.max_steps})"
+                if short
+                else ""
+            )  # fmt: skip
+            + " "
             f"| {np.mean(exact):.4f} ± {np.std(exact):.4f} "
             f"| {np.mean(paper):.4f} ± {np.std(paper):.4f} |"
         )

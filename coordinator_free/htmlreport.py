@@ -418,7 +418,7 @@ text-align:left}th{background:#f6f6f6}.num{text-align:right;font-variant-numeric
 .axis{stroke:#333}.grid{stroke:#eee}.diag{stroke:#999;stroke-dasharray:4 3}
 .ldp{stroke:#c62828;stroke-dasharray:6 3}.ldp-label{fill:#c62828}
 .pt{fill:#1f77b4;fill-opacity:.55}.pt2{fill:#ff7f0e}.mean{fill:none;stroke:#ff7f0e;stroke-width:2}
-.acc{fill:none;stroke:#ff7f0e;stroke-width:2}.band{fill:none;stroke:#1f77b4;stroke-width:1}
+.acc{fill:none;stroke:#ff7f0e;stroke-width:2}.band{fill:none;stroke:#1f77b4;stroke-width:1}.ref{fill:none;stroke:#555;stroke-dasharray:3 3}
 .bar-ok{fill:#c8e6c9}.bar-bad{fill:#ffcdd2}.miss{fill:#ef6c00}.fault{stroke:#c62828;
 stroke-width:2.5}.cell:hover,.picked{stroke:#000;stroke-width:1.5}
 #hover{min-height:1.4em;font-weight:600}dl{display:grid;grid-template-columns:max-content auto;
@@ -485,7 +485,8 @@ def build_html(
     parts += _nodes(rows)
     parts += _faults(audit, faults, rows)
     parts += _privacy_loss(audit, method, n, ldp, pairs)
-    parts += _accuracy(metrics)
+    parts += _accuracy(metrics, summary)
+    parts += _yardstick(summary)
     parts += _integrity(audit)
     parts += _plan_against_audit(planned(run_dir, audit, notes), pairs, method)
     parts += _notes(audit, notes)
@@ -541,7 +542,7 @@ def _summary(audit, method, n, graph, ldp, pairs, summary, run_dir, cfg_text) ->
         ("nodes", n),
         ("steps", audit.get("steps")),
         ("Rényi order α, δ", f"{audit.get('alpha')}, {audit.get('delta')}"),
-        ("local-DP ε (one message)", _num(ldp)),
+        ("local-DP ε (everything a node sends, composed)", _num(ldp)),
         (f"worst pairwise ε ({method})", _num(worst)),
         *([(f"{method} figures below the exact loss ({BELOW_MARK})", n_below)] if flagged else []),
         ("wall time", f"{summary['wall_s']:.1f} s" if "wall_s" in summary else "–"),
@@ -652,8 +653,9 @@ def _privacy_loss(audit: dict, method: str, n: int, ldp: float, pairs: dict) -> 
     return parts
 
 
-def _accuracy(m: Any) -> list[str]:
-    """Test accuracy (or loss) by round, of a learning run's metrics; nothing otherwise."""
+def _accuracy(m: Any, summary: dict | None = None) -> list[str]:
+    """Test accuracy (or loss) by round, of a learning run's metrics, with the references of
+    ``summary`` (summary.json) as flat lines; nothing when there are no metrics."""
     if m is None or not m.rounds.size:
         return []
     acc = m.columns["avg_test_accuracy"]
@@ -666,10 +668,40 @@ def _accuracy(m: Any) -> list[str]:
         if key == "avg_test_accuracy" and (col == col).any():
             pts = [(float(r), float(y)) for r, y in zip(m.rounds, col, strict=True)]
             lines.append(([p for p in pts if p[1] == p[1]], "band", k))
+    ref = (summary or {}).get("reference")
+    ref_key = key.removeprefix("avg_")
+    if isinstance(ref, dict) and series:
+        lo, hi = series[0][0], series[-1][0]
+        for name, what in (("noise_free", "without noise (sigma = 0)"), ("trivial", "trivial")):
+            y = (ref.get(name) or {}).get(ref_key)
+            if isinstance(y, int | float) and math.isfinite(y):
+                lines.append(
+                    ([(lo, float(y)), (hi, float(y))], "ref", f"reference {what}: {_num(y)}")
+                )
     pts2 = [(x, y, f"round {int(x)}: {label} {_num(y)}") for x, y in series]
     return [
         f'<h2 id="accuracy">{_e(label.capitalize())} by round</h2>',
         _scatter(pts2, xlabel="round", ylabel=label, lines=lines, css="pt2"),
+    ]
+
+
+def _yardstick(summary: dict) -> list[str]:
+    """The references and the yardstick, in the words the run summary prints them."""
+    from coordinator_free import yardstick
+    from coordinator_free.ml.reference import lines as reference_lines
+
+    try:
+        said = reference_lines(summary.get("reference")) + yardstick.lines(summary.get("yardstick"))
+    except (KeyError, TypeError, AttributeError, ValueError):
+        return ['<h2 id="yardstick">Yardstick</h2><p class="muted">summary.json: unreadable</p>']
+    if not said:
+        return []
+    cls = ' class="bad"' if (summary.get("yardstick") or {}).get("far") else ""
+    return [
+        '<h2 id="yardstick">Yardstick</h2>',
+        "".join(f"<p{cls}>{_e(line)}</p>" for line in said),
+        '<p class="muted">the error the noise alone would give, computed from the plan '
+        "(docs/yardstick.md); flagged when the measured error is more than 3 times it</p>",
     ]
 
 

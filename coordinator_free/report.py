@@ -247,7 +247,36 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}"
 
 
-def plot_accuracy(metrics: Metrics, path: Path, run_name: str, notes: list[str]) -> None:
+def _reference_lines(ax, summary: dict | None, key: str) -> None:
+    """The run's references (summary.json's ``reference``: the same run without noise, the
+    trivial model) as horizontal lines, ``key`` being ``test_accuracy`` or ``test_loss``."""
+    ref = (summary or {}).get("reference")
+    if not isinstance(ref, dict):
+        return
+    for name, label, style in (
+        ("noise_free", "reference without noise (sigma = 0)", ":"),
+        ("trivial", "trivial reference (no learning)", "-."),
+    ):
+        x = (ref.get(name) or {}).get(key)
+        if _is_num(x) and math.isfinite(x):
+            ax.axhline(x, color="0.3", ls=style, lw=1, label=f"{label}: {_fmt(x)}")
+
+
+def _yardstick_caption(summary: dict | None) -> str | None:
+    y = (summary or {}).get("yardstick")
+    if not isinstance(y, dict) or not _is_num(y.get("ratio")):
+        return None
+    flag = "  FAR OUTSIDE the yardstick" if y.get("far") else ""
+    return (
+        f"yardstick: test loss {_fmt(y['measured'])} vs {_fmt(y['expected'])} without noise "
+        f"(ratio {y['ratio']:.2f}){flag}"
+    )
+
+
+def plot_accuracy(
+    metrics: Metrics, path: Path, run_name: str, notes: list[str], summary: dict | None = None
+) -> None:
+    """``summary``: the run's summary.json, whose references (and yardstick) are drawn too."""
     from matplotlib.ticker import MaxNLocator
 
     rounds = metrics.rounds
@@ -267,6 +296,7 @@ def plot_accuracy(metrics: Metrics, path: Path, run_name: str, notes: list[str])
         if np.isfinite(mean).any():
             ax.plot(rounds, mean, "--", color="C0", lw=1, label="mean over nodes")
         ax.plot(rounds, acc, color="C1", marker=marker, ms=3, label="node-average model")
+        _reference_lines(ax, summary, "test_accuracy")
         ax.set_ylabel("test accuracy")
         ax.set_title(f"Test accuracy vs round — {run_name}")
     else:
@@ -280,6 +310,7 @@ def plot_accuracy(metrics: Metrics, path: Path, run_name: str, notes: list[str])
         )
         if np.isfinite(col["avg_train_loss"]).any():
             ax.plot(rounds, col["avg_train_loss"], "--", color="C2", lw=1, label="train loss, same")
+        _reference_lines(ax, summary, "test_loss")
         vals = np.concatenate([col["avg_test_loss"], col["avg_train_loss"]])
         vals = vals[np.isfinite(vals)]
         if vals.size and (vals > 0).all():
@@ -290,7 +321,8 @@ def plot_accuracy(metrics: Metrics, path: Path, run_name: str, notes: list[str])
             if vals.size:
                 notes.append("accuracy.png: some losses are <= 0, so the loss axis is linear")
         ax.set_title(f"Test loss vs round (regression: no accuracy) — {run_name}")
-    ax.set_xlabel("round (0 = before training)")
+    caption = _yardstick_caption(summary)
+    ax.set_xlabel("round (0 = before training)" + (f"\n{caption}" if caption else ""))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best", fontsize="small")
@@ -560,7 +592,7 @@ def render_report(
         notes.append(f"{FILES['accuracy']} skipped: metrics.jsonl has no complete record")
     else:
         path = out / FILES["accuracy"]
-        plot_accuracy(metrics, path, run_name, notes)
+        plot_accuracy(metrics, path, run_name, notes, _read_summary(run_dir))
         files.append(str(path))
 
     if math.isinf(audit.ldp_eps):
@@ -606,6 +638,17 @@ def render_report(
     return {"files": files, "notes": notes}
 
 
+def _read_summary(run_dir: Path) -> dict | None:
+    """summary.json when it reads as a JSON object (else None: the plots go without it)."""
+    import json
+
+    try:
+        doc = json.loads(rundir.summary_path(run_dir).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def _write_html(
     run_dir: Path,
     audit_path: Path,
@@ -626,6 +669,8 @@ def _write_html(
 
 
 def add_parser(subparsers) -> None:
+    from coordinator_free.helptext import examples
+
     p = subparsers.add_parser(
         "report",
         help="render PNG plots of a finished run (accuracy, privacy loss by distance, heat map)",
@@ -639,6 +684,11 @@ def add_parser(subparsers) -> None:
         "input is absent are skipped with a note. report.html, written beside them (only it "
         "with --html), shows all of it on one self-contained page that loads nothing from any "
         "network.",
+        **examples(
+            "cfree run examples/dsgd-breast-cancer.toml --set protocol.rounds=5 --out /tmp/dsgd --quiet",
+            "cfree report /tmp/dsgd",
+            "cfree report /tmp/dsgd --method paper --out /tmp/dsgd-paper --no-html",
+        ),
     )
     p.add_argument("run_dir", type=Path, help="run directory written by `cfree run`")
     p.add_argument(

@@ -15,6 +15,7 @@ write their logs and results in it), the auditor (which reads it back) and ``cfr
     summary.json                  what ``cfree run`` printed, as JSON
     audit.json                    the auditor's report
     faults.json                   the faults declared for the run, and when each was injected
+    interrupted.json              written when the launcher was interrupted (Ctrl-C, SIGTERM)
 
 Spelling these names once means a rename cannot leave a reader looking in the old place.
 Every file a reader may open while a run is going (or after a crash) is written atomically:
@@ -109,6 +110,10 @@ def audit_path(run_dir: str | os.PathLike) -> Path:
 
 def faults_path(run_dir: str | os.PathLike) -> Path:
     return Path(run_dir) / "faults.json"
+
+
+def interrupted_path(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / "interrupted.json"
 
 
 def make_dirs(run_dir: str | os.PathLike) -> None:

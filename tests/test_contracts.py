@@ -317,6 +317,8 @@ SUMMARY_VOLATILE = (
     *(f"results.tokens.*.{k}" for k in ("final", "estimate", "truth", "error")),
     "results.central.test_loss",
     "results.central.test_accuracy",
+    # The yardstick's measured side (and so its ratio and flag); its expected side is public.
+    *(f"yardstick.{k}" for k in ("measured", "ratio", "far", "accuracy.measured")),
 )
 NODE_RESULT_VOLATILE = (
     "estimate",

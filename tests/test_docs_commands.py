@@ -17,6 +17,7 @@ CI=true, the test fails instead).
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shutil
@@ -283,3 +284,197 @@ def test_every_documented_command_runs(doc, tmp_path):
     if skipped:
         print(f"{doc}: skipped (lab: {no_lab}): {', '.join(skipped)}")
     assert not failures, "\n\n".join(failures)
+
+
+# ------------------------------------------------------------------ the examples of every --help
+
+
+def _example_lines(epilog: str | None) -> list[str]:
+    """The command lines an epilog lists under its ``examples`` heading (continuations
+    joined)."""
+    if not epilog or not epilog.lstrip().startswith("example"):
+        return []
+    out: list[str] = []
+    for raw in epilog.splitlines()[1:]:
+        if not raw.startswith("  "):
+            continue
+        line = raw.strip()
+        if out and out[-1].endswith("\\"):
+            out[-1] = out[-1][:-1].rstrip() + " " + line
+        else:
+            out.append(line)
+    return out
+
+
+def help_examples() -> dict[str, list[str]]:
+    """Every subcommand -> the examples its --help ends with; a subcommand grouping actions
+    (``log``, ``lab``) is represented by its own examples and its actions'."""
+    parser = build_parser()
+    top = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    found: dict[str, list[str]] = {}
+    for name, sub in top.choices.items():
+        lines = _example_lines(sub.epilog)
+        for action in sub._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child in action.choices.values():
+                    lines += [x for x in _example_lines(child.epilog) if x not in lines]
+        found[name] = lines
+    return found
+
+
+HELP_EXAMPLES = help_examples()
+#: Tools an example may use that this machine may lack (a cluster's clients, root's ip).
+OPTIONAL_TOOLS = ("kubectl", "kubernetes-validate", "docker", "ip")
+
+
+def _cfree_argvs(line: str) -> list[list[str]]:
+    """The cfree commands of a shell line (split at ; & && | and redirections), each as
+    argv without `cfree`; those using a shell variable are left out (bash expands them)."""
+    import shlex
+
+    lex = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lex.whitespace_split = True
+    lex.commenters = "#"
+    segments, cur = [], []
+    skip_next = False
+    for tok in lex:
+        if skip_next:
+            skip_next = False
+            continue
+        if tok in (">", ">>", "<", "2>"):
+            skip_next = True
+            continue
+        if set(tok) <= set(";&|"):
+            segments.append(cur)
+            cur = []
+            continue
+        cur.append(tok)
+    segments.append(cur)
+    return [s[1:] for s in segments if s[:1] == ["cfree"] and not any("$" in t for t in s)]
+
+
+def test_every_subcommand_help_ends_with_examples_that_parse():
+    assert {"run", "plan", "audit", "report", "simulate", "ls", "peer"} <= set(HELP_EXAMPLES)
+    for name, lines in HELP_EXAMPLES.items():
+        assert 2 <= len(lines) <= 8, f"cfree {name} --help: {len(lines)} example(s)"
+        argvs = [a for line in lines for a in _cfree_argvs(line)]
+        assert any(a[:1] == [name] for a in argvs) or name == "peer", (name, lines)
+        for argv in argvs:
+            try:
+                build_parser().parse_args(argv)
+            except SystemExit as exc:
+                pytest.fail(f"cfree {name} --help: `cfree {' '.join(argv)}` does not parse ({exc})")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(HELP_EXAMPLES))
+def test_every_help_example_runs(name, tmp_path):
+    """A subcommand's examples, in order, as one script in a scratch directory holding
+    `examples/` (as the docs' commands run): every line must succeed. Lines needing a tool
+    this machine lacks (a cluster's client, root for the lab) are left out, saying so."""
+    if name == "lab" and _why_no_lab():
+        if IN_CI:
+            pytest.fail(f"cfree lab --help examples: {_why_no_lab()}")
+        pytest.skip(f"cfree lab --help examples: {_why_no_lab()}")
+    work, env = _scratch(tmp_path)
+    lines, left_out = [], []
+    for line in HELP_EXAMPLES[name]:
+        first = line.split()[0]
+        if first in OPTIONAL_TOOLS and shutil.which(first) is None:
+            left_out.append(line)
+            continue
+        if first in ("kubectl", "docker"):  # a client without its cluster: nothing to run on
+            left_out.append(line)
+            continue
+        lines.append(re.sub(r"(?<![\w/.])/tmp/", f"{work}/tmp/", line))
+    if not lines:
+        pytest.skip(f"cfree {name}: every example needs what this machine lacks: {left_out}")
+    # Each line must end with the status it states (`# exit N`, as in the docs), else 0.
+    script = ""
+    for k, line in enumerate(lines):
+        want = re.search(r"#\s*exit (\d+)", line)
+        script += (
+            f"{line}\nrc=$?; [ $rc -eq {want.group(1) if want else 0} ] || "
+            f"{{ echo 'example {k + 1} exited '$rc >&2; exit 1; }}\n"
+        )
+    try:
+        proc = _shell(script, work, env, timeout=900)
+    finally:
+        if name == "lab":
+            for lab in LAB_NAMES:
+                if _lab_record(lab).exists():
+                    _shell(f"cfree lab down --name {lab}", work, env, timeout=120)
+    tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+    assert "Traceback (most recent call last)" not in proc.stderr, tail
+    assert proc.returncode == 0, f"cfree {name} --help examples failed:\n{script}\n{tail}"
+    if left_out:
+        print(f"cfree {name}: left out (tool missing here): {left_out}")
+
+
+# ------------------------------------------------------------------ README's compose section
+
+
+def readme_compose_lines() -> list[str]:
+    """The shell lines of README's compose item (tour item 9), as written, up to the Swarm
+    stack (continuations joined; comments left out)."""
+    text = (REPO / "README.md").read_text()
+    start = text.index("# 9. A docker-compose cluster")
+    end = text.index("#    A Docker Swarm stack", start)
+    out: list[str] = []
+    for raw in text[start:end].splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if out and out[-1].endswith("\\"):
+            out[-1] = out[-1][:-1].rstrip() + " " + line
+        else:
+            out.append(line)
+    return out
+
+
+def test_readme_compose_section_builds_offline_as_deploy_md_says():
+    lines = readme_compose_lines()
+    ups = [x for x in lines if " up --build" in x]
+    assert ups and all(
+        "CFREE_BASE_IMAGE=cfree-base:bookworm CFREE_PIP_OPTIONS=--no-index" in x for x in ups
+    ), lines
+    assert lines[0] == "bash deploy/build-base-image.sh && bash deploy/fetch-wheels.sh"
+    deploy = (REPO / "docs" / "deploy.md").read_text()
+    assert "CFREE_BASE_IMAGE=cfree-base:bookworm CFREE_PIP_OPTIONS=--no-index" in deploy
+
+
+@pytest.mark.docker
+def test_readme_compose_section_runs_as_written(tmp_path):
+    """README's compose lines, in order, in a copy of the repository (the clusters write their
+    run directories there): the base image, the wheels, the top-level cluster and one
+    `cfree compose` made; each cluster ends with its audit."""
+    from dockerimg import need_docker
+
+    need_docker()
+    need_compose = shutil.which("docker-compose")
+    if need_compose is None:
+        pytest.skip("docker-compose (v1), which README's lines use, is not installed")
+    copy = tmp_path / "repo"
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
+        text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    for name in files:
+        src = REPO / name
+        if src.is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, copy / name)
+    _, env = _scratch(tmp_path)
+    failures = []
+    for line in readme_compose_lines():
+        proc = subprocess.run(["bash", "-c", line], cwd=copy, env=env, capture_output=True,
+                              text=True, timeout=3600, stdin=subprocess.DEVNULL)  # fmt: skip
+        if proc.returncode != 0:
+            failures.append(f"`{line}` exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+            break
+    for project in (copy, copy / "cluster"):
+        subprocess.run(["docker-compose", "down", "-v"], cwd=project, env=env,
+                       capture_output=True, timeout=600)  # fmt: skip
+    assert not failures, "\n".join(failures)
+    assert (copy / "runs" / "compose" / "audit.json").is_file()
+    assert (copy / "cluster" / "run" / "audit.json").is_file()

@@ -469,6 +469,28 @@ async def closed_by_server(conns, timeout: float = 0.0) -> int:
     return sum(await asyncio.gather(*(one(r) for r, _ in conns)))
 
 
+async def test_a_probe_that_hangs_up_is_logged_at_debug_not_as_a_warning(nodes, caplog):
+    """A port scan or health probe connects and closes before the handshake: the node notes it
+    at debug level (no WARNING in a healthy run) and still takes its neighbour."""
+    caplog.set_level(logging.DEBUG, logger="coordinator_free.net")
+    a = nodes.add(0, [1], addresses={})
+    b = nodes.add(1, [0])
+    await a.start(nodes.socks[0])
+    await b.start(nodes.socks[1])
+    for _ in range(2):  # (bytes that are not a channel's stay a warning: another test)
+        _, w = await half_open(nodes.addresses[0], "127.0.0.6")
+        w.close()
+
+    def cut() -> list:
+        return [r for r in caplog.records if "closed during the handshake" in r.getMessage()]
+
+    await wait_until(lambda: len(cut()) >= 2, SOON)
+    assert all(r.levelno == logging.DEBUG for r in cut())
+    await asyncio.gather(b.connect(SOON), a.connect(SOON))
+    assert a.connected == {1}
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
 async def test_half_open_flood_from_one_source_leaves_room_for_a_neighbour(nodes, caplog):
     caplog.set_level(logging.DEBUG, logger="coordinator_free.net")
     a = nodes.add(0, [1], handshake_timeout=3.0, addresses={})

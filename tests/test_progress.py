@@ -108,3 +108,26 @@ def test_thinned_step_events_keep_the_last_step_and_every_other_event():
         ("step", 5),
         ("finished", None),
     ]
+
+
+def test_the_run_progress_line_names_whom_it_waits_for_and_since_when() -> None:
+    """cluster/local.py's line: the nodes at the lowest step that have been silent, for how
+    long, and the nodes whose process ended before they finished (no clock: times are set)."""
+    from coordinator_free.cluster.local import ProgressDisplay
+
+    d = ProgressDisplay(4, 10, enabled=False)
+    for v in range(4):
+        d.update({"event": "connected", "node": v})
+        d.update({"event": "step", "node": v, "step": 5 if v != 1 else 4})
+    now = max(d.seen) + 0.5
+    assert d.waiting(now) == ([], 0.0)  # nobody silent long enough
+    d.seen[1] = now - 12.0
+    assert d.waiting(now) == ([1], 12.0)
+    assert "waiting for node 1 (silent for 12s)" in d.waiting_text(now)
+    d.update({"event": "exited", "node": 1})  # killed: no longer waited for
+    later = d.seen[1] + 0.5
+    assert d.waiting(later)[0] == [] and d.gone() == [1]
+    assert "exited early: 1 at step 4" in d.waiting_text(later)
+    d.update({"event": "finished", "node": 0})
+    d.update({"event": "exited", "node": 0})
+    assert d.gone() == [1]  # a node that finished and exited is not "gone"

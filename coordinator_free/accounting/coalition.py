@@ -5,6 +5,8 @@ factors themselves come from the family's accountant."""
 
 from __future__ import annotations
 
+import math
+
 import networkx as nx
 import numpy as np
 
@@ -172,9 +174,15 @@ def print_report(rep: dict) -> None:
         )
         above = sum(1 for r in rows if r["eps"] > rep["ldp"]["eps"] * (1 + 1e-9))
         if above:
+            bare = sum(1 for r in rows if math.isinf(r["eps"]))
             print(
                 f"{above} source(s) lose more than local DP: the coalition isolates their "
-                "contributions under less noise than local DP assumes (eps inf: under none)"
+                "contributions under less noise than local DP assumes"
+                + (
+                    f" ({bare} under no noise at all: eps inf)"
+                    if bare
+                    else f" (the worst: eps {worst:.4f})"
+                )
             )
     if "run_dir" in rep:
         state = "fault-free" if rep["fault_free"] else "with faults"

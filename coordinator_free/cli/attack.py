@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 from coordinator_free import rundir
-from coordinator_free.cli.common import CliError, node_ids
+from coordinator_free.cli.common import CliError, HelpFormatter, node_ids
 
 EPILOG = """\
 examples:
@@ -43,7 +42,7 @@ def add_parser(sub) -> None:
         "least squares, taking it as constant over the rounds up to noise, and, when each node "
         "holds one example of a linear model with intercept, invert it into the example.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     p.add_argument(

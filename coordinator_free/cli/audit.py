@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from coordinator_free.cli.common import CliError, _emit, coalition, node_ids
+from coordinator_free.cli.common import CliError, _emit, coalition, examples, node_ids
 from coordinator_free.families import family_of
 
 
@@ -18,6 +18,11 @@ def add_parser(sub) -> None:
         "with both methods, and check the logs' integrity. A full audit (no --observer) is "
         "written to RUN_DIR/audit.json, with the fingerprint of the logs it read, for `cfree "
         "report`; a missing or damaged log is named and never lowers a loss below the plan's.",
+        **examples(
+            "cfree run examples/muffliato-ring.toml --out /tmp/ring --quiet --no-audit",
+            "cfree audit /tmp/ring",
+            "cfree audit /tmp/ring --observers 0,4 --json > /tmp/coalition.json",
+        ),
     )
     p.add_argument("run_dir", type=Path, help="run directory written by `cfree run`")
     p.add_argument("--observer", type=int, action="append", help="only this observer (repeatable)")
@@ -25,7 +30,7 @@ def add_parser(sub) -> None:
         "--observers",
         metavar="A,B,...",
         help="a coalition: the exact loss of every other node towards the joint view of these "
-        "nodes' logs (comma-separated ids; one row per source; Muffliato averaging). A member "
+        "nodes' logs (comma-separated ids; one row per source; every protocol with peers). A member "
         "without a usable log puts every source at local DP; nothing is written",
     )
     p.add_argument("--json", action="store_true")

@@ -10,6 +10,7 @@ import signal
 from coordinator_free.accounting.render import fmt as _fmt
 from coordinator_free.accounting.render import table as _table
 from coordinator_free.errors import UsageError
+from coordinator_free.helptext import HelpFormatter, examples  # noqa: F401 (re-exported)
 
 __all__ = [
     "CliError",

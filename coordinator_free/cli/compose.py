@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from coordinator_free import config as config_mod
-from coordinator_free.cli.common import CliError, add_config_args
+from coordinator_free.cli.common import CliError, add_config_args, examples
 
 
 def add_parser(sub) -> None:
@@ -20,6 +20,10 @@ def add_parser(sub) -> None:
         "network (each mounting only its own key volume), and an auditor that writes audit.json "
         "next to the logs in DIR/run (or $CFREE_RUN_DIR). Without a registry, build the base "
         "image from Debian's packages first: see docs/deploy.md.",
+        **examples(
+            "cfree compose examples/muffliato-ring.toml --dir /tmp/compose-ring",
+            "cfree compose examples/ring-sum.toml --set graph.nodes=6 --dir /tmp/compose-sum --json",
+        ),
     )
     add_config_args(p)
     p.add_argument(

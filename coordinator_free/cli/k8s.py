@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
-from coordinator_free.cli.common import CliError, add_config_args, add_deploy_args, deploy_config
+from coordinator_free.cli.common import (
+    CliError,
+    HelpFormatter,
+    add_config_args,
+    add_deploy_args,
+    deploy_config,
+)
 
 
 def add_parser(sub) -> None:
@@ -22,7 +27,7 @@ def add_parser(sub) -> None:
         "they are not run on a cluster there.",
         epilog="examples:\n  cfree k8s examples/muffliato-ring.toml --dir k8s/ring\n"
         "  kubectl kustomize k8s/ring | kubernetes-validate --strict -",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     add_config_args(p)
     p.add_argument("--dir", type=Path, required=True, help="where to write the manifests")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from coordinator_free import config as config_mod
 from coordinator_free import rundir
-from coordinator_free.cli.common import CliError
+from coordinator_free.cli.common import CliError, examples
 
 
 def add_parser(sub) -> None:
@@ -17,6 +17,10 @@ def add_parser(sub) -> None:
         description="Generate node keys (PEM, mode 0600) under OUT/keys and the public roster "
         "OUT/roster.json. The roster (ids, addresses, public keys) is the only shared state of a "
         "run; private keys never leave their node.",
+        **examples(
+            "cfree keygen --config examples/muffliato-ring.toml --out /tmp/ring-keys",
+            "cfree keygen --hosts 127.0.0.1:7301,127.0.0.1:7302 --out /tmp/pair --name pair",
+        ),
     )
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--nodes", type=int, help="number of nodes (addresses 127.0.0.1, port 0)")

@@ -11,13 +11,14 @@ import time
 from pathlib import Path
 
 from coordinator_free import rundir
+from coordinator_free.cli.common import HelpFormatter
 from coordinator_free.cluster import netns
 
 LAB_EPILOG = """\
 examples (as root):
   cfree lab up --nodes 8                 # hosts cfree-h0..cfree-h7 at 10.213.0.1..8, switch cfree-sw
   cfree lab status
-  cfree lab run examples/muffliato-ring.toml --cut 3@2   # node 3's cable pulled after its step 2
+  cfree lab run examples/muffliato-ring.toml --cut 3@2   # exit 1: node 3's cable pulled after step 2
   ip netns exec cfree-h0 ss -tn          # any command runs on a host
   cfree lab cut 3 && cfree lab heal 3
   cfree lab down
@@ -54,7 +55,7 @@ def add_lab_parser(sub) -> None:
         "link like a pulled cable. The machine's own network is never touched. Needs root "
         "and iproute2.",
         epilog=LAB_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     lab.set_defaults(lab_help=lab.print_help)
     acts = lab.add_subparsers(dest="lab_command", metavar="ACTION")
@@ -299,6 +300,7 @@ def _run(args) -> int:
     from coordinator_free.cli.run import (
         conclude,
         fault_schedule,
+        note_interruption,
         print_problems,
         save_summary,
     )
@@ -344,13 +346,19 @@ def _run(args) -> int:
             if already_cut:
                 print(f"note: the link of node(s) {already_cut} is cut", file=sys.stderr)
             print(family.banner(cfg, plan), file=sys.stderr)
-        run = asyncio.run(
-            _cancel_on_sigterm(
-                netns.launch_peers_in_lab(
-                    cfg, out, lab, show_progress=not args.quiet, on_event=schedule, port=args.port
+        with note_interruption("cfree lab run", out):
+            run = asyncio.run(
+                _cancel_on_sigterm(
+                    netns.launch_peers_in_lab(
+                        cfg,
+                        out,
+                        lab,
+                        show_progress=not args.quiet,
+                        on_event=schedule,
+                        port=args.port,
+                    )
                 )
             )
-        )
     finally:
         if temporary:
             netns.down(lab.name)

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from coordinator_free import config as config_mod
 from coordinator_free import progress
-from coordinator_free.cli.common import CliError, _emit, add_config_args, coalition, node_ids
+from coordinator_free.cli.common import (
+    CliError,
+    _emit,
+    add_config_args,
+    coalition,
+    examples,
+    node_ids,
+)
 from coordinator_free.families import family_of
 
 
@@ -13,13 +20,18 @@ def add_parser(sub) -> None:
         "plan",
         help="pairwise privacy losses from public parameters only (before running)",
         description="Compute, from the config alone, the loss from a source node to every "
-        "observer (the fault-free schedule). --method exact: the exact Rényi divergence of the "
-        "observer's whole view; --method paper: Eq. (6) of the Muffliato paper. Token protocols: "
+        "observer (the fault-free schedule). --method exact: the exact loss of the observer's "
+        "whole view (the Gaussian privacy profile of what it sees); --method paper: Eq. (6) of the Muffliato paper. Token protocols: "
         "exact is the loss conditional on the walk (the ring's, or one walk sampled from the "
         "public seed), paper the theorem of the protocol's paper with senders known. decor: the "
         "SecLDP guarantee at privacy.collusion (exact: Algorithms 2/3 of the DECOR paper; paper: "
         "its closed form) and the pairwise losses to curious users. Without --source, a summary "
         "over all pairs by graph distance.",
+        **examples(
+            "cfree plan examples/muffliato-ring.toml",
+            "cfree plan examples/muffliato-ring.toml --source 0 --method paper",
+            "cfree plan examples/ring-sum.toml --target-eps 2",
+        ),
     )
     add_config_args(p, showcase=True)
     p.add_argument("--source", type=int, help="source node u (default: summary over all pairs)")
@@ -50,14 +62,14 @@ def add_parser(sub) -> None:
         "--observers",
         metavar="A,B,...",
         help="the exact loss of every other node towards this coalition's joint view (node "
-        "ids, comma-separated; one row per source; Muffliato averaging)",
+        "ids, comma-separated; one row per source; every protocol with peers)",
     )
     p.add_argument(
         "--coalition-growth",
         type=int,
         metavar="K",
         help="how the worst and mean loss of the other nodes grow as 1..K colluders join "
-        "(Muffliato averaging); --join picks who joins next",
+        "(every protocol with peers); --join picks who joins next",
     )
     p.add_argument(
         "--join",

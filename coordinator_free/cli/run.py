@@ -7,13 +7,14 @@ are shared with `cfree lab run`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 from pathlib import Path
 
 from coordinator_free import config as config_mod
 from coordinator_free import rundir
-from coordinator_free.cli.common import _cancel_on_sigterm, add_config_args
+from coordinator_free.cli.common import _cancel_on_sigterm, add_config_args, examples
 from coordinator_free.families import family_of
 
 
@@ -25,6 +26,11 @@ def add_parser(sub) -> None:
         "TCP channels, then print the estimate error per node, rounds/s, bytes sent and the "
         "pairwise privacy losses the auditor computed from the view logs. Everything lands in a "
         "run directory (config, roster, keys, logs, results, audit).",
+        **examples(
+            "cfree run examples/muffliato-ring.toml",
+            "cfree run examples/complete-sum.toml --json > /tmp/sum.json   # the summary",
+            "cfree run examples/muffliato-ring.toml --fault dropout:0.3 --out /tmp/dropout",
+        ),
     )
     add_config_args(p, showcase=True)
     p.add_argument("--out", type=Path, help="run directory (default: runs/<name>-<time>-<rand>)")
@@ -122,10 +128,64 @@ def conclude(cfg, plan, out: Path, run, schedule) -> tuple[dict, list]:
     }
     if faults_doc is not None:
         summary["faults"] = faults_doc
+        note = simulator_note(faults_doc, summary["simulator_max_abs_diff"])
+        if note:
+            summary["simulator_note"] = note
+        explain_failures(summary["failed"], problems, faults_doc)
+    dropped = getattr(plan, "dropped", ())
+    if dropped:
+        summary["dropout"] = {
+            "p": plan.dropout,
+            "steps": len(dropped),
+            "sat_out": [sum(v in out for out in dropped) for v in range(plan.n)],
+        }
     ref = family_of(cfg.protocol.name).reference(cfg)
     if ref is not None:
         summary["reference"] = ref
+    summary["yardstick"] = family_of(cfg.protocol.name).yardstick(cfg, plan, summary)
     return summary, [r for r in collected["nodes"] if r["finished"]]
+
+
+def simulator_note(faults_doc: dict, diff: float | None) -> str | None:
+    """Why the peers differ from the simulator, when declared faults explain it: the
+    simulator runs the fault-free plan (dropout is in the plan: it replays that)."""
+    others = [s for s in faults_doc.get("declared", []) if not s.startswith("dropout:")]
+    if not diff or not others:
+        return None
+    return (
+        f"expected under the declared faults ({', '.join(others)}): the simulator runs the "
+        "fault-free plan, the peers ran with the faults"
+    )
+
+
+def _fired(f: dict) -> str:
+    """An injected fault: the step it was declared for and when it fired."""
+    declared = f["spec"].partition("@")[2].partition("+")[0] or None
+    who = f.get("reported_by")
+    at = (
+        f"fired when node {who} reported step {f['step']}"
+        if who is not None
+        else (f"fired at step {f['step']}")
+    )
+    head = f"declared for step {declared}, " if declared is not None else ""
+    return f"{f['spec']} ({head}{at}, {f['t_s']:.1f}s)"
+
+
+def explain_failures(failed: list[dict], problems: list[dict], faults_doc: dict) -> None:
+    """Name the declared fault beside the failure it caused (a killed or stopped node's
+    process), in ``failed`` and ``problems``, so a reader does not take it for a crash."""
+    by_node = {
+        f["node"]: _fired(f)
+        for f in faults_doc.get("injected", [])
+        if "spec" in f and isinstance(f.get("node"), int)
+    }
+    tagged = [(row, "error") for row in failed] + [
+        (row, "cause") for row in problems if str(row.get("cause", "")).startswith("process")
+    ]
+    for row, key in tagged:
+        why = by_node.get(row.get("node"))
+        if why is not None:
+            row[key] = f"{row[key]} [the declared fault {why}]"
 
 
 def print_problems(command: str, summary: dict) -> None:
@@ -134,11 +194,7 @@ def print_problems(command: str, summary: dict) -> None:
 
     problems, faults_doc = summary["problems"], summary.get("faults")
     if faults_doc is not None:
-        fired = ", ".join(
-            f"{f['spec']} (at step {f['step']}, {f['t_s']:.1f}s)"
-            for f in faults_doc["injected"]
-            if "spec" in f
-        )
+        fired = ", ".join(_fired(f) for f in faults_doc["injected"] if "spec" in f)
         if fired:
             print(f"{command}: injected {fired}", file=sys.stderr)
         for spec in faults_doc["not_applied"]:
@@ -150,6 +206,22 @@ def print_problems(command: str, summary: dict) -> None:
         print(f"{command}: the protocol did not complete as planned:", file=sys.stderr)
         for line in verdict.render(problems):
             print(f"  {line}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def note_interruption(command: str, out: Path):
+    """Leave interrupted.json in the run directory when the launcher is interrupted (Ctrl-C,
+    SIGTERM), so `cfree ls` tells a stopped run from one still going."""
+    import time
+
+    try:
+        yield
+    except KeyboardInterrupt:
+        with contextlib.suppress(OSError):
+            rundir.write_json(
+                rundir.interrupted_path(out), {"command": command, "t_wall": time.time()}
+            )
+        raise
 
 
 def cmd_run(args) -> int:
@@ -168,13 +240,14 @@ def cmd_run(args) -> int:
     if not family.has_peers(cfg):
         return _run_central(args, cfg, out)
     schedule = fault_schedule(cfg, announce=not args.quiet)
-    run = asyncio.run(
-        _cancel_on_sigterm(
-            local.launch_peers(
-                cfg, out, show_progress=not args.quiet, on_event=schedule, spawn=args.spawn
+    with note_interruption("cfree run", out):
+        run = asyncio.run(
+            _cancel_on_sigterm(
+                local.launch_peers(
+                    cfg, out, show_progress=not args.quiet, on_event=schedule, spawn=args.spawn
+                )
             )
         )
-    )
     summary, finished = conclude(cfg, plan, out, run, schedule)
     audit = save_summary(args, out, summary, finished)
     if args.json:
@@ -219,6 +292,7 @@ def _run_central(args, cfg, out: Path) -> int:
     summary = {"run_dir": str(out), "wall_s": wall, "results": results,
                "simulator_max_abs_diff": None, "failed": []}  # fmt: skip
     summary["reference"] = family_of(cfg.protocol.name).reference(cfg)
+    summary["yardstick"] = family_of(cfg.protocol.name).yardstick(cfg, sim.plan, summary)
     audit = None
     if not args.no_audit:
         audit = audit_run(out)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from coordinator_free import config as config_mod
 from coordinator_free import rundir
-from coordinator_free.cli.common import CliError, add_config_args
+from coordinator_free.cli.common import CliError, add_config_args, examples
 from coordinator_free.families import family_of
 
 
@@ -18,6 +18,11 @@ def add_parser(sub) -> None:
         description="Run the reference simulator: the exact update math of the peers, no "
         "network. With --run RUN_DIR it rebuilds the run's node streams from its keys and ends "
         "with the same values as the fault-free networked run, bit for bit.",
+        **examples(
+            "cfree simulate examples/muffliato-ring.toml",
+            "cfree simulate examples/walk-sgd.toml --json > /tmp/walk.json",
+            "cfree run examples/ring-sum.toml --out /tmp/sum --quiet && cfree simulate --run /tmp/sum",
+        ),
     )
     add_config_args(p, showcase=True)
     p.add_argument(

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
-from coordinator_free.cli.common import CliError, add_config_args, add_deploy_args, deploy_config
+from coordinator_free.cli.common import (
+    CliError,
+    HelpFormatter,
+    add_config_args,
+    add_deploy_args,
+    deploy_config,
+)
 
 
 def add_parser(sub) -> None:
@@ -23,7 +28,7 @@ def add_parser(sub) -> None:
         "  docker stack deploy --resolve-image never -c stack/ring/docker-stack.yml cfree\n"
         "  cfree stack examples/ring-sum.toml --dir stack/lan --groups 3   # hosts labelled "
         "cfree.group=0,1,2",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     add_config_args(p)
     p.add_argument("--dir", type=Path, required=True, help="where to write the stack")

@@ -843,7 +843,10 @@ def add_parsers(sub) -> None:
         "without --address). The line is printed too. Only that line leaves the host: send it "
         "to whoever runs `cfree roster`. See docs/deploy.md.",
         formatter_class=_HelpFormatter,
-        epilog="example:\n  cfree keypair --out /etc/cfree --address 192.168.1.11:7000",
+        epilog="examples:\n"
+        "  cfree keypair --out /tmp/host-0 --address 192.0.2.10:7000 > /tmp/hosts.txt\n"
+        "  cfree keypair --out /tmp/host-1 --address 192.0.2.11:7000 >> /tmp/hosts.txt\n"
+        "  cfree keypair --out /tmp/host-2 --address 192.0.2.12:7000 >> /tmp/hosts.txt",
     )
     p.add_argument(
         "--out",
@@ -878,9 +881,11 @@ def add_parsers(sub) -> None:
         "systemd unit) and a README.txt naming the port to open to which neighbours. Private "
         "keys never pass through here, unless --generate-keys. See docs/deploy.md.",
         formatter_class=_HelpFormatter,
-        epilog="examples:\n"
-        "  cfree roster --hosts hosts.txt --config exp.toml --out lan/\n"
-        "  cfree roster --hosts hosts.txt --set graph.nodes=3 --out lan/ \\\n"
+        epilog="examples (hosts.txt: the public lines of `cfree keypair`, one per host):\n"
+        "  cfree keypair --out /tmp/h0 --address 192.0.2.10:7000 > /tmp/hosts.txt\n"
+        "  cfree keypair --out /tmp/h1 --address 192.0.2.11:7000 >> /tmp/hosts.txt\n"
+        "  cfree keypair --out /tmp/h2 --address 192.0.2.12:7000 >> /tmp/hosts.txt\n"
+        "  cfree roster --hosts /tmp/hosts.txt --set graph.nodes=3 --out /tmp/lan/ \\\n"
         "      --cfree-cmd /opt/cfree/venv/bin/cfree --user cfree",
     )
     p.add_argument(

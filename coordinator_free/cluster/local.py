@@ -142,13 +142,48 @@ class ProgressDisplay:
         self.finished: set[int] = set()
         self._last_milestone: tuple | None = None
         self._t0 = time.monotonic()
+        # When each node last said anything, and the nodes whose process has ended (at their
+        # step): the line names whom the run waits for, and since when.
+        self.seen = [self._t0] * n
+        self.exited: dict[int, int] = {}
+
+    #: A node silent this long while the others wait for it is named on the line.
+    SILENT_S = 3.0
+
+    def waiting(self, now: float) -> tuple[list[int], float]:
+        """The nodes the run waits for (still running, not finished, at the lowest step; a
+        walk: none) that have been silent at least SILENT_S, and since how long."""
+        live = [v for v in range(self.n) if v not in self.exited and v not in self.finished]
+        if self.token or not live or not self.connected:
+            return [], 0.0
+        low = min(self.step[v] for v in live)
+        slow = [v for v in live if self.step[v] == low and now - self.seen[v] >= self.SILENT_S]
+        return slow, (min(now - self.seen[v] for v in slow) if slow else 0.0)
+
+    def gone(self) -> list[int]:
+        """The nodes whose process ended before they finished."""
+        return sorted(v for v in self.exited if v not in self.finished)
+
+    def waiting_text(self, now: float) -> str:
+        slow, silent = self.waiting(now)
+        gone = self.gone()
+        out = ""
+        if slow:
+            who = ", ".join(map(str, slow[:5])) + (f" +{len(slow) - 5}" if len(slow) > 5 else "")
+            out += f"  waiting for node {who} (silent for {silent:.0f}s)"
+        if gone:
+            out += "  exited early: " + ", ".join(f"{v} at step {self.exited[v]}" for v in gone)
+        return out
 
     def update(self, ev: dict) -> None:
         node = ev.get("node")
         if not isinstance(node, int) or not 0 <= node < self.n:
             return
+        self.seen[node] = time.monotonic()
         kind = ev.get("event")
-        if kind == "listening":
+        if kind == "exited":
+            self.exited[node] = self.step[node]
+        elif kind == "listening":
             self.up.add(node)
         elif kind == "connected":
             self.up.add(node)
@@ -162,7 +197,10 @@ class ProgressDisplay:
     def render(self, final: bool = False) -> None:
         if not self.enabled:
             return
-        low = max(self.step) if self.token else min(self.step)
+        now = time.monotonic()
+        gone = self.gone()
+        live = [self.step[v] for v in range(self.n) if v not in gone] or self.step
+        low = max(self.step) if self.token else min(live)
         pct = int(100 * low / max(1, self.steps))
         width = 30
         bar = "#" * (width * pct // 100) + "-" * (width - width * pct // 100)
@@ -172,7 +210,8 @@ class ProgressDisplay:
         line = (
             f"  [{bar}] {'hop' if self.token else 'step'} {low}/{self.steps}  {starting}"
             f"connected {len(self.connected)}/{self.n}  "
-            f"finished {len(self.finished)}/{self.n}  {time.monotonic() - self._t0:5.1f}s"
+            f"finished {len(self.finished)}/{self.n}  {now - self._t0:5.1f}s"
+            + self.waiting_text(now)
         )
         if self.tty:
             sys.stderr.write("\r" + line + ("\n" if final else ""))
@@ -186,11 +225,23 @@ class ProgressDisplay:
                 pct // 25,
                 len(self.connected) == self.n,
                 len(self.finished) == self.n,
+                # and whenever whom the run waits for changes, or every 10 s it stays so
+                tuple(self.waiting(now)[0]),
+                int(self.waiting(now)[1] // 10),
+                tuple(gone),
             )
             if final or milestone != self._last_milestone:
                 self._last_milestone = milestone
                 sys.stderr.write(line + "\n")
                 sys.stderr.flush()
+
+
+async def _redraw(display: ProgressDisplay, every_s: float = 1.0) -> None:
+    """Redraw the progress line every second, so a run that waits says whom for and since when
+    even while no peer reports anything."""
+    while True:
+        await asyncio.sleep(every_s)
+        display.render()
 
 
 async def _watch_peer(
@@ -232,6 +283,7 @@ async def _watch_peer(
 
     await asyncio.gather(pump_stdout(), pump_stderr())
     outcome.returncode = await proc.wait()
+    display.update({"event": "exited", "node": node})
 
 
 #: Without an ``on_event`` that acts on steps, a peer reports its step at most this often (the
@@ -332,7 +384,12 @@ async def supervise_peers(
             after_spawn()
         if timeout_s is None:
             timeout_s = run_timeout(cfg, plan)
-        done, pending = await asyncio.wait(watchers, timeout=timeout_s)
+        ticker = asyncio.ensure_future(_redraw(display)) if show_progress else None
+        try:
+            done, pending = await asyncio.wait(watchers, timeout=timeout_s)
+        finally:
+            if ticker is not None:
+                ticker.cancel()
         if pending:
             for i, p in enumerate(procs):
                 if p.returncode is None:

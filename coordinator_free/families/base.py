@@ -238,6 +238,24 @@ class Family:
         model (an estimate is judged against the truth its results carry)."""
         return None
 
+    def yardstick(self, cfg, plan, summary: dict) -> dict | None:
+        """What the run's result is judged against (``coordinator_free/yardstick.py``,
+        docs/yardstick.md): ``{measured, expected, ratio, far, ...}``. By default a trained
+        model's final test loss against the noise-free reference of ``summary``."""
+        from coordinator_free import yardstick
+
+        res = summary["results"]
+        if res.get("central"):
+            last = {"avg_test_loss": res["central"]["test_loss"],
+                    "avg_test_accuracy": res["central"]["test_accuracy"]}  # fmt: skip
+        elif res.get("metrics"):
+            last = res["metrics"][-1]
+        else:
+            last = {"avg_test_loss": None, "avg_test_accuracy": None}
+        return yardstick.learning(
+            last["avg_test_loss"], last["avg_test_accuracy"], summary.get("reference")
+        )
+
     def print_simulation(self, out: dict) -> None:
         self._render("print_simulation")(out)
 

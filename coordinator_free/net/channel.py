@@ -61,6 +61,7 @@ __all__ = [
     "FrameTooLarge",
     "HEADER_SIZE",
     "HandshakeComplete",
+    "HandshakeCut",
     "HandshakeError",
     "M1_SIZE",
     "MAX_NODE_ID",
@@ -160,6 +161,11 @@ class ChannelError(Exception):
 
 class HandshakeError(ChannelError):
     """The handshake could not complete (malformed bytes, early close, invalid key)."""
+
+
+class HandshakeCut(HandshakeError):
+    """The other side closed before the handshake completed: a port scan, a health probe, a
+    peer that gave up. Nothing was accepted from it."""
 
 
 class PeerRejected(HandshakeError):
@@ -481,7 +487,7 @@ class SecureChannel:
             return
         if self._state is not _State.ESTABLISHED:
             self._fail(
-                HandshakeError(
+                HandshakeCut(
                     f"connection closed during the handshake ({self._state.value}, "
                     f"{len(self._buf)} bytes of the next message received)"
                 ),

@@ -67,6 +67,7 @@ from coordinator_free.net.channel import (
     ControlReceived,
     DupAction,
     Event,
+    HandshakeCut,
     HandshakeError,
     MessageReceived,
     SecureChannel,
@@ -892,6 +893,11 @@ class PeerNet:
                 # Our own dial failing is reported through connect(); only impostors are loud.
                 if not isinstance(exc, AuthenticationError):
                     level = logging.INFO
+            elif isinstance(exc, HandshakeCut):
+                # A caller that hung up before the handshake completed (port scans, health
+                # probes, the orchestrator's readiness checks): it was accepted for nothing
+                # and costs nothing, so it is no alarm in a healthy run.
+                level = logging.DEBUG
         except WireError as exc:
             reason, level, graceful = f"malformed message: {exc}", logging.WARNING, False
         except TimeoutError as exc:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from coordinator_free.helptext import examples
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -13,6 +15,13 @@ def add_parser(sub) -> None:
         help="run ONE node (what `cfree run` starts per node; use it on LAN hosts or containers)",
         description="Run a single peer: load its private key, dial its graph neighbours from the "
         "roster, run the protocol and write its view log and result under --out.",
+        **examples(
+            "cfree keygen --hosts 127.0.0.1:7311,127.0.0.1:7312 --out /tmp/two",
+            "S='--config examples/muffliato-ring.toml --set graph.kind=complete --set "
+            "graph.nodes=2 --roster /tmp/two/roster.json --out /tmp/two'",
+            "cfree peer $S --key /tmp/two/keys/node-0.key --id 0 & "
+            "cfree peer $S --key /tmp/two/keys/node-1.key --id 1; wait",
+        ),
     )
     p.add_argument("--config", required=True, help="experiment config (TOML)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")

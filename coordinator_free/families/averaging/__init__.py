@@ -53,6 +53,11 @@ class Averaging(Gossip, Family):
     def dropout(self, cfg) -> bool:
         return True
 
+    def yardstick(self, cfg, plan, summary):
+        from coordinator_free import yardstick
+
+        return yardstick.averaging(plan, summary["results"])
+
     def views(self):
         from coordinator_free.families.averaging.accountant import VIEWS
 

@@ -251,8 +251,13 @@ def print_result(res: dict) -> None:
         else f"their noisy input x + N(0, {res['sigma']:g}^2) is known to the coalition, an "
         f"unbiased estimate of x with standard deviation {res['sigma']:g} per coordinate"
     )
+    others = n - len(ids)
+    rest = (
+        f" What it saw does not determine the other {others - len(got)} (exact factor below 1)."
+        if len(got) < others
+        else " Every other node is determined: no one is amplified against this coalition."
+    )
     print(
-        f"{len(got)} of {n - len(ids)} other nodes reconstructed: {what} (exact factor 1: the "
-        "loss equals local DP, nothing is amplified). What it saw does not determine the others "
-        "(exact factor below 1)."
+        f"{len(got)} of {others} other nodes reconstructed: {what} (exact factor 1: the "
+        f"loss equals local DP, nothing is amplified).{rest}"
     )

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from coordinator_free import yardstick
 from coordinator_free.accounting import baseline
 from coordinator_free.accounting import render as _generic_audit
 from coordinator_free.accounting.baseline import BELOW_MARK
@@ -192,6 +193,14 @@ def print_plan(rep: dict) -> None:
 print_audit = _generic_audit.print_audit
 
 
+#: The columns of the compact audit, said once (docs/privacy.md, "Glossary").
+TERMS = (
+    "exact: the loss the observer's view actually gives (the Gaussian privacy profile of what it "
+    "saw); paper: the paper's formula for the same pair; below LDP: pairs amplified, below "
+    "local DP (glossary: docs/privacy.md)"
+)
+
+
 def print_audit_compact(audit: dict, *, extra: Callable[[dict], None] | None = None) -> None:
     """PNDP table by graph distance: mean and max eps over pairs, both methods (paper capped at
     local DP, marked ^; marked ! where the accountant found a pair of that distance whose paper
@@ -242,6 +251,7 @@ def print_audit_compact(audit: dict, *, extra: Callable[[dict], None] | None = N
             rows,
         )
     )
+    print(textwrap.fill(TERMS, 100, subsequent_indent="  "))
     if raw_above:
         print(baseline.LEGEND)
     print_below_exact(audit)
@@ -324,10 +334,21 @@ def print_footer(
     simulator comparison, the compact audit, the run dir."""
     for line in reference_lines(summary.get("reference")):
         print(line)
+    for line in yardstick.lines(summary.get("yardstick")):
+        print(line)
+    drop = summary.get("dropout")
+    if drop:
+        counts = ", ".join(f"{v}: {c}" for v, c in enumerate(drop["sat_out"]))
+        print(
+            f"dropout {drop['p']:g} (public schedule): steps each node sat out, of "
+            f"{drop['steps']}: {counts}"
+        )
     d = summary["simulator_max_abs_diff"]
     if d is not None:
+        note = summary.get("simulator_note")
         print(
-            f"reference simulator: max |peer - simulator| = {d:.3g}{' (bitwise equal)' if d == 0 else ''}"
+            f"reference simulator: max |peer - simulator| = {d:.3g}"
+            + (" (bitwise equal)" if d == 0 else f" ({note})" if note else "")
         )
     if audit is not None:
         print()

@@ -73,8 +73,13 @@ def print_learning_summary(summary: dict) -> None:
         print("\nnode-average model by round (metrics.jsonl has every round):")
         print(
             table(
-                ["round", "test acc", "test loss", "train loss", "node acc range", "spread"], rows
+                ["round", "test acc", "test loss", "train loss", "node acc range", "consensus"],
+                rows,
             )
+        )
+        print(
+            "consensus: the consensus distance, mean squared distance of the nodes' models to "
+            "their average (consensus_distance in metrics.jsonl)"
         )
 
 

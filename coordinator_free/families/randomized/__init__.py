@@ -18,6 +18,11 @@ class Randomized(Gossip, Family):
 
     clocks = True
 
+    def yardstick(self, cfg, plan, summary):
+        from coordinator_free import yardstick
+
+        return yardstick.averaging(plan, summary["results"])
+
     def validate(self, cfg, source):
         from coordinator_free.families.averaging.validate import validate_values
 

@@ -103,6 +103,21 @@ class Walk(Family):
 
         return references(cfg, lambda c: mean_token_quality(c, self.simulate(c)))
 
+    def yardstick(self, cfg, plan, summary):
+        import numpy as np
+
+        from coordinator_free import yardstick
+
+        if cfg.protocol.name not in MODEL_TOKENS:
+            return yardstick.walk(plan, summary["results"])
+        done = [t for t in summary["results"].get("tokens", []) if "test_loss" in t]
+        accs = [t["test_accuracy"] for t in done]
+        return yardstick.learning(
+            float(np.mean([t["test_loss"] for t in done])) if done else None,
+            None if not done or None in accs else float(np.mean(accs)),
+            summary.get("reference"),
+        )
+
     # -------------------------------------------------------------- rendering (CLI output)
 
     render_module = "coordinator_free.families.walk.render"
