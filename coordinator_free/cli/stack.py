@@ -18,7 +18,8 @@ def add_parser(sub) -> None:
         "and roster as Swarm configs, an overlay network, one job per peer that is never "
         "restarted, and an auditor job that audits once every peer has a result. DIR/run is "
         "the run directory (a bind mount) and DIR/README.md has the commands, also for "
-        "spreading the peers over LAN hosts (--groups).",
+        "spreading the peers over LAN hosts (--groups). The image is written by its ID, "
+        "resolved here, so build it (or load it) before writing the stack.",
         epilog="examples:\n  cfree stack examples/muffliato-ring.toml --dir stack/ring\n"
         "  docker stack deploy --resolve-image never -c stack/ring/docker-stack.yml cfree\n"
         "  cfree stack examples/ring-sum.toml --dir stack/lan --groups 3   # hosts labelled "
@@ -30,8 +31,10 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--image",
         default=None,
-        help="the peer image on every host (default: coordinator-free-peer:latest, built from "
-        "peer/Dockerfile)",
+        help="the peer image on every host: a name resolved here to its image ID (docker image "
+        "inspect), an ID (sha256:...) or a digest (name@sha256:...); the stack names it by ID "
+        "or digest only, so no node asks a registry (default: coordinator-free-peer:latest, "
+        "built from peer/Dockerfile)",
     )
     p.add_argument(
         "--groups",
@@ -80,6 +83,8 @@ def cmd_stack(args) -> int:
         f"wrote {info['stack_file']}: {info['nodes']} peer jobs, an auditor job, keys/ "
         f"(private); run directory {info['run_dir']}"
     )
+    if info["image"] != info["image_ref"]:
+        print(f"image {info['image_ref']} = {info['image']} (the stack names it by this ID)")
     print("next:")
     print(f"  docker stack deploy --resolve-image never -c {info['stack_file']} cfree")
     print(f"  (see {info['dir']}/README.md)")

@@ -27,11 +27,22 @@ Secret and config names carry the run id: a new run never collides with an earli
 (Swarm secrets cannot be changed in place). Nothing is restarted, nothing is pulled
 (``--resolve-image never``): the image must be on every host (a registry, or ``docker save |
 docker load``).
+
+The stack names the image by its **ID** (``sha256:<64 hex>``), resolved with ``docker image
+inspect`` when the stack is written, or by a digest given as such (``name@sha256:...``); never by
+a tag alone. Given a tag, every node's Swarm agent asks the tag's registry for it before it starts
+a task, even under ``--resolve-image never``: on an air-gapped node each such lookup waits for a
+DNS timeout (10 s), one task after another, long enough for the first peers to give up on the
+late ones. An image ID is unchanged by ``docker save | docker load``, and no registry is asked
+for one.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 from coordinator_free import config as config_mod
@@ -57,6 +68,49 @@ NETWORK = "cfree"
 GROUP_LABEL = "cfree.group"
 
 
+#: An image ID as ``docker image inspect`` gives it, and a digest reference.
+IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")
+IMAGE_DIGEST = re.compile(r"[^@\s]+@sha256:[0-9a-f]{64}")
+
+
+def pinned(ref: str) -> bool:
+    """Whether ``ref`` names one image without any tag lookup: an ID or a digest reference."""
+    return bool(IMAGE_ID.fullmatch(ref) or IMAGE_DIGEST.fullmatch(ref))
+
+
+def resolve_image(ref: str, *, docker: str = "docker") -> str:
+    """The reference the stack writes for ``ref``: an ID or a digest as given; a name (tag) is
+    resolved to the ID of the image it names here (``docker image inspect``). No node looks a
+    tag up then, so none ever asks a registry (see the module's docstring)."""
+    if pinned(ref):
+        return ref
+    exe = shutil.which(docker)
+    if exe is None:
+        raise ComposeError(
+            f"--image {ref}: a tag cannot go into the stack (every node would ask a registry for "
+            "it), and there is no docker here to resolve it to its image ID; give the ID "
+            "(`docker image inspect --format '{{.Id}}' IMAGE` where it is built) or a digest "
+            "(name@sha256:...)"
+        )
+    r = subprocess.run(
+        [exe, "image", "inspect", "--format", "{{.Id}}", ref],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    )
+    image_id = r.stdout.strip()
+    if r.returncode != 0 or not IMAGE_ID.fullmatch(image_id):
+        said = (r.stderr or r.stdout).strip().splitlines()
+        why = said[-1] if said else "docker image inspect failed"
+        raise ComposeError(
+            f"--image {ref}: not an image here ({why}); build or load it first (`docker build "
+            f"-f peer/Dockerfile -t {ref} .`), or give its ID (sha256:...) or a digest "
+            "(name@sha256:...)"
+        )
+    return image_id
+
+
 def _q(s: str) -> str:
     return json.dumps(s)  # a JSON string is a valid YAML scalar
 
@@ -71,7 +125,7 @@ def render(
     run_id: str,
     describe: str,
     run_dir: str,
-    image: str = IMAGE,
+    image: str,
     port: int = PORT,
     groups: int = 0,
     audit_timeout_s: int = 3600,
@@ -82,6 +136,11 @@ def render(
         raise ComposeError(f"a cluster needs at least 2 nodes, the config has {n}")
     if groups < 0:
         raise ComposeError(f"--groups must be 0 (no placement) or more, got {groups}")
+    if not pinned(image):
+        raise ComposeError(
+            f"image {image!r} is a tag: the stack names the image by ID (sha256:...) or digest "
+            "(name@sha256:...), so that no node asks a registry (resolve_image)"
+        )
     tag = run_id[:12]
     run_mount = [
         "      - type: bind",
@@ -125,7 +184,7 @@ def render(
         constraints = [f"node.labels.{GROUP_LABEL} == {i % groups}"] if groups else []
         lines += [
             f"  {service(i)}:",
-            f"    image: {_q('${CFREE_IMAGE:-' + image + '}')}",
+            f"    image: {_q(image)}",
             '    command: ["peer"]',
             f"    hostname: {_q(service(i))}",
             "    init: true",
@@ -150,7 +209,7 @@ def render(
     audit_cmd += ["--idle", f"{audit_idle_s:g}"]
     lines += [
         "  auditor:",
-        f"    image: {_q('${CFREE_IMAGE:-' + image + '}')}",
+        f"    image: {_q(image)}",
         "    command: [" + ", ".join(_q(c) for c in audit_cmd) + "]",
         "    init: true",
         "    networks:",
@@ -198,6 +257,7 @@ def write_stack(
     run = Path(run_dir) if run_dir is not None else out_dir / "run"
     if run.exists() and any(run.iterdir()):
         raise ComposeError(f"the run directory {run} is not empty: it may hold an earlier run")
+    image_ref, image = image, resolve_image(image)  # before anything is written
     out_dir.mkdir(parents=True, exist_ok=True)
     hosts = [(service(i), port) for i in range(n)]
     ros = roster_mod.generate_keys(n, out_dir / "keys", hosts=hosts, name=cfg.run.name)
@@ -219,7 +279,7 @@ def write_stack(
         audit_idle_s=idle,
     )
     (out_dir / STACK_FILE).write_text(text)
-    (out_dir / "README.md").write_text(readme(n, image, str(run.resolve()), groups))
+    (out_dir / "README.md").write_text(readme(n, image_ref, image, str(run.resolve()), groups))
     return {
         "dir": str(out_dir),
         "stack_file": str(out_dir / STACK_FILE),
@@ -227,11 +287,12 @@ def write_stack(
         "run_id": ros.run_id,
         "nodes": n,
         "image": image,
+        "image_ref": image_ref,
         "groups": groups,
     }
 
 
-def readme(n: int, image: str, run_dir: str, groups: int) -> str:
+def readme(n: int, image_ref: str, image: str, run_dir: str, groups: int) -> str:
     place = (
         f"Peer i runs only on a node labelled `{GROUP_LABEL}=<i mod {groups}>`: label the hosts "
         "before deploying, e.g.\n\n"
@@ -249,9 +310,14 @@ def readme(n: int, image: str, run_dir: str, groups: int) -> str:
 Written by `cfree stack`. The keys in `keys/` were made on this machine: each becomes a Swarm
 secret that only its peer's container mounts. Keep this directory private.
 
+The stack names the peer image by its ID, `{image}`
+(resolved from `{image_ref}` when the stack was written), never by a tag: a node asked for a
+tag looks for a registry first, even under `--resolve-image never`, which on an air-gapped
+host costs a DNS timeout per task. The ID is the same on every host after `docker save |
+docker load`. Rebuilt the image? Write the stack again.
+
 ```sh
 docker swarm init --advertise-addr <this host's LAN address>   # once, on the manager
-docker build -f peer/Dockerfile -t {image} .                 # from the project's checkout
 docker stack deploy --resolve-image never -c docker-stack.yml cfree
 docker service ls --filter label=com.docker.stack.namespace=cfree
 docker service logs cfree_auditor                # the audit, once the peers have finished
@@ -266,8 +332,9 @@ logs, the results and, from the auditor, `audit.json`.
 ## Across LAN hosts
 
 On every other host: `docker swarm join --token <token> <manager>:2377` (the token is printed
-by `docker swarm init`), the peer image (`docker save {image} | ssh host docker load`, or a
-registry), and the run directory: `mkdir -p {run_dir}`.
+by `docker swarm init`), the peer image (`docker save {image_ref} | ssh host docker load`, or a
+registry), and the run directory: `mkdir -p {run_dir}`. Check each host has the very image:
+`docker image inspect --format '{{{{.Id}}}}' {image}`.
 
 {place}
 Each host's run directory then holds the logs of the peers that ran there (unless the run
