@@ -393,7 +393,7 @@ def audit_role(
             idle_s = idle_after(config_mod.load(rundir.config_path(run_dir)))
         wait_for_peers(run_dir, wait_for, timeout_s=timeout_s, idle_s=idle_s)
     rep = audit_run(run_dir)
-    save_audit(run_dir, rep)
+    save_audit(run_dir, rep, role="auditor job", say=print)
     _print_audit(rep)
     print(f"wrote {run_dir / 'audit.json'}")
     return rep
