@@ -57,7 +57,18 @@ def test_each_peer_is_a_job_never_restarted_with_only_its_own_key(tmp_path):
         assert s["environment"]["CFREE_NODE_ID"] == str(i)
         assert s["networks"] == ["cfree"]
     aud = services["auditor"]
-    assert "secrets" not in aud
+    # The auditor mounts no node key, only the log collector's own key.
+    assert aud["secrets"] == [
+        {"source": "collector-key", "target": "/cfree/key/collector.key", "mode": 0o400}
+    ]
+    assert aud["deploy"]["endpoint_mode"] == "dnsrr"  # no routing mesh needed (no IP_VS)
+    assert aud["hostname"] == "auditor" and "--collect-key" in aud["command"]
+    coll = json.loads((d / "collector.json").read_text())
+    assert coll["host"] == "auditor" and coll["port"] == 7001 and len(coll["public_key"]) == 64
+    for i in range(8):
+        s = services[f"peer-{i}"]
+        assert s["environment"]["CFREE_COLLECTOR"] == "/cfree/public/collector.json"
+        assert {"source": "collector", "target": "/cfree/public/collector.json"} in s["configs"]
     assert aud["deploy"]["placement"]["constraints"] == ["node.role == manager"]
     assert aud["command"][:3] == ["audit", "--wait-for", "8"]
     assert doc["networks"]["cfree"]["driver"] == "overlay"
@@ -74,6 +85,13 @@ def test_each_peer_is_a_job_never_restarted_with_only_its_own_key(tmp_path):
     assert config.load(run / "config.toml").to_toml() == config.load(d / "config.toml").to_toml()
     assert not list(run.rglob("*.key"))
     assert f"${{CFREE_RUN_DIR:-{run.resolve()}}}" in (d / stack.STACK_FILE).read_text()
+
+
+def test_without_log_shipping_there_is_no_collector(tmp_path):
+    d, doc, _ = _write(tmp_path, "--no-ship-logs")
+    text = (d / stack.STACK_FILE).read_text()
+    assert "collector" not in text and "secrets" not in doc["services"]["auditor"]
+    assert not (d / "keys" / "collector.key").exists()
 
 
 def test_groups_pin_peers_to_labelled_hosts_and_the_readme_says_how(tmp_path):

@@ -49,6 +49,13 @@ def add_parser(sub) -> None:
         type=Path,
         help="the run directory, a host path on every node (default: DIR/run)",
     )
+    p.add_argument(
+        "--no-ship-logs",
+        dest="ship_logs",
+        action="store_false",
+        help="do not have each peer send its finished log and result to the auditor (only "
+        "for a run directory that is one shared disk on every host)",
+    )
     add_deploy_args(p)
     p.add_argument(
         "--audit-idle",
@@ -73,6 +80,7 @@ def cmd_stack(args) -> int:
             run_dir=args.run_dir,
             audit_timeout_s=args.audit_after,
             audit_idle_s=args.audit_idle,
+            ship_logs=args.ship_logs,
         )
     except compose.ComposeError as exc:
         raise CliError(str(exc)) from None

@@ -377,9 +377,13 @@ def audit_role(
     wait_for: int | None = None,
     timeout_s: float = 3600.0,
     idle_s: float | None = None,
+    collect_key: Path | None = None,
+    collect_port: int = 7001,
 ) -> dict:
     """The auditor service: replay the logs, write ``audit.json`` beside them, print the report.
-    With ``wait_for`` (the number of peers), first :func:`wait_for_peers`."""
+    With ``wait_for`` (the number of peers), first :func:`wait_for_peers`. With
+    ``collect_key`` (the collector's private key), meanwhile receive the peers' shipped logs
+    and results on ``collect_port`` (:mod:`~coordinator_free.cluster.shiplogs`)."""
     from coordinator_free.accounting.audit import audit_run, audit_state, save_audit
     from coordinator_free.accounting.render import print_audit as _print_audit
 
@@ -388,15 +392,57 @@ def audit_role(
         # there is that of these very logs, so recomputing it could only rewrite the file.
         print(f"auditor: {rundir.audit_path(run_dir)} is the audit of the logs there; not redone")
         return json.loads(rundir.audit_path(run_dir).read_bytes())
-    if wait_for is not None:
-        if idle_s is None:
-            idle_s = idle_after(config_mod.load(rundir.config_path(run_dir)))
-        wait_for_peers(run_dir, wait_for, timeout_s=timeout_s, idle_s=idle_s)
+    collector = _start_collector(run_dir, collect_key, collect_port) if collect_key else None
+    try:
+        if wait_for is not None:
+            if idle_s is None:
+                idle_s = idle_after(config_mod.load(rundir.config_path(run_dir)))
+            wait_for_peers(run_dir, wait_for, timeout_s=timeout_s, idle_s=idle_s)
+    finally:
+        if collector is not None:
+            collector()
     rep = audit_run(run_dir)
     save_audit(run_dir, rep, role="auditor job", say=print)
     _print_audit(rep)
     print(f"wrote {run_dir / 'audit.json'}")
     return rep
+
+
+def _start_collector(run_dir: Path, key_path: Path, port: int):
+    """Run a log collector on ``port`` in a thread of its own; return the function that stops
+    it (and writes collected.json)."""
+    import asyncio
+    import threading
+
+    from coordinator_free.cluster import shiplogs
+
+    key = roster_mod.load_private_key(key_path)
+    ros = roster_mod.load_roster(rundir.roster_path(run_dir))
+    col = shiplogs.LogCollector(run_dir, key, ros, say=lambda m: print(m, flush=True))
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    stop: list = []
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        bound = loop.run_until_complete(col.start(port=port))
+        print(f"auditor: collecting the peers' logs on port {bound}", flush=True)
+        stop.append(loop.create_future())
+        started.set()
+        loop.run_until_complete(stop[0])
+        loop.run_until_complete(col.close())
+        loop.close()
+
+    thread = threading.Thread(target=serve, name="log-collector", daemon=True)
+    thread.start()
+    if not started.wait(30):
+        raise ComposeError(f"the log collector did not start on port {port}")
+
+    def finish() -> None:
+        loop.call_soon_threadsafe(stop[0].set_result, None)
+        thread.join(30)
+
+    return finish
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -418,13 +464,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--timeout", type=float, default=3600.0, metavar="SECONDS")
     p.add_argument("--idle", type=float, metavar="SECONDS", help="default: 3 step deadlines + 10")
+    p.add_argument(
+        "--collect-key",
+        type=Path,
+        metavar="KEY",
+        help="while waiting, receive the peers' shipped logs and results (the collector's "
+        "private key; peers run with --ship-to)",
+    )
+    p.add_argument("--collect-port", type=int, default=7001, metavar="PORT")
     args = parser.parse_args(argv)
     from coordinator_free.accounting.audit import AuditError
 
     if args.role == "keygen":
         return keygen_main(args.nodes, args.port)
     try:
-        audit_role(wait_for=args.wait_for, timeout_s=args.timeout, idle_s=args.idle)
+        audit_role(
+            wait_for=args.wait_for,
+            timeout_s=args.timeout,
+            idle_s=args.idle,
+            collect_key=args.collect_key,
+            collect_port=args.collect_port,
+        )
     except (AuditError, config_mod.ConfigError, roster_mod.RosterError, OSError) as exc:
         print(f"cfree {args.role}: {exc}", file=sys.stderr)
         return 2

@@ -59,11 +59,15 @@ from coordinator_free.cluster.compose import (
     run_deadline_s,
     service,
 )
+from coordinator_free.cluster.shiplogs import COLLECTOR_FILE, make_collector
 
 STACK_FILE = "docker-stack.yml"
 PUBLIC_MOUNT = "/cfree/public"
 KEY_MOUNT = "/cfree/key"
 NETWORK = "cfree"
+#: The log collector: the auditor's service name on the overlay network, and its port.
+COLLECTOR_HOST = "auditor"
+COLLECT_PORT = 7001
 #: The node label ``--groups`` places peers by.
 GROUP_LABEL = "cfree.group"
 
@@ -130,8 +134,11 @@ def render(
     groups: int = 0,
     audit_timeout_s: int = 3600,
     audit_idle_s: float = 40.0,
+    ship_logs: bool = True,
 ) -> str:
-    """The text of the stack file (deterministic: same inputs, same bytes)."""
+    """The text of the stack file (deterministic: same inputs, same bytes). ``ship_logs``: each
+    peer sends its finished log and result to the auditor's collector (cluster/shiplogs.py), so
+    the run directories need not be one shared disk."""
     if n < 2:
         raise ComposeError(f"a cluster needs at least 2 nodes, the config has {n}")
     if groups < 0:
@@ -154,6 +161,11 @@ def render(
         "      - source: roster",
         f"        target: {PUBLIC_MOUNT}/roster.json",
     ]
+    if ship_logs:
+        public += [
+            "      - source: collector",
+            f"        target: {PUBLIC_MOUNT}/{COLLECTOR_FILE}",
+        ]
 
     def job(constraints: list[str]) -> list[str]:
         out = [
@@ -193,6 +205,11 @@ def render(
             f"      CFREE_PORT: {_q(str(port))}",
             f"      CFREE_CONFIG: {_q(PUBLIC_MOUNT + '/config.toml')}",
             f"      CFREE_ROSTER: {_q(PUBLIC_MOUNT + '/roster.json')}",
+            *(
+                [f"      CFREE_COLLECTOR: {_q(PUBLIC_MOUNT + '/' + COLLECTOR_FILE)}"]
+                if ship_logs
+                else []
+            ),
             "    networks:",
             f"      - {NETWORK}",
             "    volumes:",
@@ -207,17 +224,29 @@ def render(
         ]
     audit_cmd = ["audit", "--wait-for", str(n), "--timeout", str(audit_timeout_s)]
     audit_cmd += ["--idle", f"{audit_idle_s:g}"]
+    if ship_logs:
+        audit_cmd += ["--collect-key", f"{KEY_MOUNT}/collector.key"]
+        audit_cmd += ["--collect-port", str(COLLECT_PORT)]
     lines += [
         "  auditor:",
         f"    image: {_q(image)}",
         "    command: [" + ", ".join(_q(c) for c in audit_cmd) + "]",
+        f"    hostname: {_q(COLLECTOR_HOST)}",
         "    init: true",
         "    networks:",
         f"      - {NETWORK}",
         "    volumes:",
         *run_mount,
-        *job(["node.role == manager"]),
     ]
+    if ship_logs:
+        lines += [
+            "    secrets:",
+            "      - source: collector-key",
+            f"        target: {KEY_MOUNT}/collector.key",
+            "        mode: 0400",
+            *public,
+        ]
+    lines += [*job(["node.role == manager"]), "      endpoint_mode: dnsrr"]
     lines += ["", "networks:", f"  {NETWORK}:", "    driver: overlay", "", "secrets:"]
     for i in range(n):
         lines += [
@@ -225,8 +254,15 @@ def render(
             f"    file: {_q(f'./keys/node-{i}.key')}",
             f"    name: {_q(f'cfree-{tag}-key-{i}')}",
         ]
+    if ship_logs:
+        lines += [
+            "  collector-key:",
+            f"    file: {_q('./keys/collector.key')}",
+            f"    name: {_q(f'cfree-{tag}-collector-key')}",
+        ]
     lines += ["", "configs:"]
-    for name, file in (("config", rundir.CONFIG), ("roster", rundir.ROSTER)):
+    files = [("config", rundir.CONFIG), ("roster", rundir.ROSTER)]
+    for name, file in files + ([("collector", COLLECTOR_FILE)] if ship_logs else []):
         lines += [
             f"  {name}:",
             f"    file: {_q('./' + file)}",
@@ -245,6 +281,7 @@ def write_stack(
     run_dir: Path | None = None,
     audit_timeout_s: int | None = None,
     audit_idle_s: float | None = None,
+    ship_logs: bool = True,
 ) -> dict:
     """Write the stack directory of ``cfg`` into ``out_dir`` (which must not hold a run's keys
     yet); return what was written."""
@@ -261,6 +298,9 @@ def write_stack(
     out_dir.mkdir(parents=True, exist_ok=True)
     hosts = [(service(i), port) for i in range(n)]
     ros = roster_mod.generate_keys(n, out_dir / "keys", hosts=hosts, name=cfg.run.name)
+    if ship_logs:
+        collector = make_collector(out_dir / "keys" / "collector.key", COLLECTOR_HOST, COLLECT_PORT)
+        (out_dir / COLLECTOR_FILE).write_text(collector.to_json() + "\n")
     for where in (out_dir, run):
         where.mkdir(parents=True, exist_ok=True)
         (where / rundir.CONFIG).write_text(cfg.to_toml())
@@ -277,6 +317,7 @@ def write_stack(
         groups=groups,
         audit_timeout_s=audit_timeout_s if audit_timeout_s is not None else deadline,
         audit_idle_s=idle,
+        ship_logs=ship_logs,
     )
     (out_dir / STACK_FILE).write_text(text)
     (out_dir / "README.md").write_text(readme(n, image_ref, image, str(run.resolve()), groups))
@@ -289,6 +330,7 @@ def write_stack(
         "image": image,
         "image_ref": image_ref,
         "groups": groups,
+        "ship_logs": ship_logs,
     }
 
 
