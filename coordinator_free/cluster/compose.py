@@ -335,28 +335,37 @@ def idle_after(cfg: config_mod.Config) -> float:
 
 
 def wait_for_peers(
-    run_dir: Path, n: int, *, timeout_s: float, idle_s: float, poll_s: float = 1.0
+    run_dir: Path,
+    n: int,
+    *,
+    timeout_s: float,
+    idle_s: float,
+    poll_s: float = 1.0,
+    finished=None,
 ) -> str:
     """Wait until the run directory holds a result from each of the ``n`` peers (``"all"``),
     or a peer has finished and nothing in the directory changed for ``idle_s`` (``"idle"``: the
     others are gone, e.g. killed), or ``timeout_s`` passed (``"timeout"``). Says what it waits
     for, at most every 30 s. For orchestrators with no "after these have ended" (Swarm,
-    Kubernetes): the audit of what is there then names every peer without a result."""
+    Kubernetes): the audit of what is there then names every peer without a result.
+    ``finished()``, if given, counts the finished peers instead of their results (a log
+    collector: the peers that shipped their files)."""
     import time
 
     t0 = time.monotonic()
     last_said = float("-inf")
     while True:
         results = list(rundir.results_dir(run_dir).glob("node-*.json"))
+        done = finished() if finished is not None else len(results)
         now = time.monotonic()
-        if len(results) >= n:
+        if done >= n:
             return "all"
         if now - t0 >= timeout_s:
             print(
                 f"auditor: {len(results)} of {n} peers finished after {timeout_s:.0f} s; auditing"
             )
             return "timeout"
-        if results:
+        if results or done:
             touched = [*results, *rundir.logs_dir(run_dir).glob("*")]
             newest = max((p.stat().st_mtime for p in touched if p.exists()), default=0.0)
             if time.time() - newest >= idle_s:
@@ -392,12 +401,14 @@ def audit_role(
         # there is that of these very logs, so recomputing it could only rewrite the file.
         print(f"auditor: {rundir.audit_path(run_dir)} is the audit of the logs there; not redone")
         return json.loads(rundir.audit_path(run_dir).read_bytes())
-    collector = _start_collector(run_dir, collect_key, collect_port) if collect_key else None
+    collector, shipped = None, None
+    if collect_key:
+        collector, shipped = _start_collector(run_dir, collect_key, collect_port)
     try:
         if wait_for is not None:
             if idle_s is None:
                 idle_s = idle_after(config_mod.load(rundir.config_path(run_dir)))
-            wait_for_peers(run_dir, wait_for, timeout_s=timeout_s, idle_s=idle_s)
+            wait_for_peers(run_dir, wait_for, timeout_s=timeout_s, idle_s=idle_s, finished=shipped)
     finally:
         if collector is not None:
             collector()
@@ -410,7 +421,7 @@ def audit_role(
 
 def _start_collector(run_dir: Path, key_path: Path, port: int):
     """Run a log collector on ``port`` in a thread of its own; return the function that stops
-    it (and writes collected.json)."""
+    it (and writes collected.json) and the one that counts the peers that shipped."""
     import asyncio
     import threading
 
@@ -442,7 +453,7 @@ def _start_collector(run_dir: Path, key_path: Path, port: int):
         loop.call_soon_threadsafe(stop[0].set_result, None)
         thread.join(30)
 
-    return finish
+    return finish, lambda: len(col.record)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -260,7 +260,7 @@ class LogCollector:
         head = json.loads(await message())
         if head.get("node") != node:
             raise ValueError(f"node {node} sent a manifest for node {head.get('node')}")
-        answer = {}
+        answer, entries = {}, {}
         for kind in KINDS:
             want = head["files"].get(kind)
             if want is None:
@@ -271,15 +271,16 @@ class LogCollector:
                 got += await message()
             h.update(got)
             ok = len(got) == size and h.hexdigest() == sha
-            answer[kind] = self._store(node, kind, bytes(got), sha, ok)
+            entries[kind] = self._store(node, kind, bytes(got), sha, ok)
+            answer[kind] = entries[kind]["verdict"]
+        self.record[str(node)] = entries  # counted as shipped once all its files are in
         ch.send(json.dumps(answer).encode())
         writer.write(ch.data_to_send())
         await asyncio.wait_for(writer.drain(), timeout)
         self.say(f"collector: node {node}: {answer}")
 
-    def _store(self, node: int, kind: str, data: bytes, sha: str, ok: bool) -> str:
+    def _store(self, node: int, kind: str, data: bytes, sha: str, ok: bool) -> dict:
         path = _files(self.run_dir, node)[kind]
-        rec = self.record.setdefault(str(node), {})
         entry = {"sha256": sha, "size": len(data)}
         if not ok:
             entry["verdict"] = "refused: the bytes do not match the peer's manifest"
@@ -292,5 +293,4 @@ class LogCollector:
             tmp.write_bytes(data)
             os.replace(tmp, path)
             entry["verdict"] = "written"
-        rec[kind] = entry
-        return entry["verdict"]
+        return entry
