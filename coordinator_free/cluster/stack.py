@@ -320,7 +320,9 @@ def write_stack(
         ship_logs=ship_logs,
     )
     (out_dir / STACK_FILE).write_text(text)
-    (out_dir / "README.md").write_text(readme(n, image_ref, image, str(run.resolve()), groups))
+    (out_dir / "README.md").write_text(
+        readme(n, image_ref, image, str(run.resolve()), groups, ship_logs)
+    )
     return {
         "dir": str(out_dir),
         "stack_file": str(out_dir / STACK_FILE),
@@ -334,7 +336,23 @@ def write_stack(
     }
 
 
-def readme(n: int, image_ref: str, image: str, run_dir: str, groups: int) -> str:
+def readme(
+    n: int, image_ref: str, image: str, run_dir: str, groups: int, ship_logs: bool = True
+) -> str:
+    gather = (
+        "Each peer ships its finished log and result to the auditor's collector (an "
+        "authenticated channel, checked by SHA-256; `collected.json` in the auditor's run "
+        "directory lists what arrived), so no shared disk is needed: a peer whose files never "
+        "arrive is named `missing-log` in the audit, never a smaller loss."
+        if ship_logs
+        else "This stack does not ship logs (`--no-ship-logs`): unless the run directory is a "
+        "shared file system mounted at the same path everywhere, the auditor audits only what "
+        "it sees (peers elsewhere show as missing, never as a smaller loss). Gather the logs "
+        "on the manager and audit them together:\n\n```sh\nfor h in <host-1> <host-2>; do\n"
+        f'  rsync -a "$h:{run_dir}/logs/" {run_dir}/logs/\n'
+        f'  rsync -a "$h:{run_dir}/results/" {run_dir}/results/\n'
+        f"done\ncfree audit {run_dir}\n```"
+    )
     place = (
         f"Peer i runs only on a node labelled `{GROUP_LABEL}=<i mod {groups}>`: label the hosts "
         "before deploying, e.g.\n\n"
@@ -379,16 +397,8 @@ registry), and the run directory: `mkdir -p {run_dir}`. Check each host has the 
 `docker image inspect --format '{{{{.Id}}}}' {image}`.
 
 {place}
-Each host's run directory then holds the logs of the peers that ran there (unless the run
-directory is a shared file system, e.g. NFS, mounted at the same path everywhere), and the
-auditor on the manager audits only what it sees: peers elsewhere show as missing, never as a
-smaller loss. Gather the logs on the manager and audit them together:
+Each host's run directory holds the logs of the peers that ran there. {gather}
 
-```sh
-for h in <host-1> <host-2>; do
-  rsync -a "$h:{run_dir}/logs/" {run_dir}/logs/
-  rsync -a "$h:{run_dir}/results/" {run_dir}/results/
-done
-cfree audit {run_dir}
-```
+Swarm keeps the stopped containers of finished job tasks on the node that ran them: after
+`docker stack rm cfree`, run the `docker container prune` line above on every host.
 """
