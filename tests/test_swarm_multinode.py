@@ -84,6 +84,8 @@ def _traces() -> dict:
         "mounts": [x for x in mounts.splitlines() if "cfree-swarm" in x],
         "daemons": procs,
         "swarm": docker("info", "--format", "{{.Swarm.LocalNodeState}}").strip(),
+        "images": sorted(docker("images", "-aq", "--no-trunc").split()),
+        "containers": sorted(docker("ps", "-aq", "--no-trunc").split()),
         "dirs": [
             p for p in ("/var/lib/cfree-swarm", f"/run/cfree-swarm/{NAME}") if Path(p).exists()
         ],
