@@ -49,6 +49,8 @@ COLLECTOR_FILE = "collector.json"
 COLLECTED_FILE = "collected.json"
 DEFAULT_PORT = 7001
 CHUNK = 1 << 20
+#: The largest file a collector takes (a manifest claiming more is refused before any byte).
+MAX_FILE = 1 << 32
 #: What a peer ships, by kind: the path in its run directory.
 KINDS = ("log", "result")
 
@@ -266,6 +268,8 @@ class LogCollector:
             if want is None:
                 continue
             size, sha = int(want["size"]), str(want["sha256"])
+            if not 0 <= size <= MAX_FILE:
+                raise ValueError(f"node {node} announced a {kind} of {size} bytes")
             h, got = hashlib.sha256(), bytearray()
             while len(got) < size:
                 got += await message()
