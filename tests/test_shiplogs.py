@@ -116,3 +116,48 @@ def test_bytes_that_do_not_match_the_manifest_are_refused(tmp_path, monkeypatch)
         2,
         3,
     ]
+
+
+def test_the_auditor_role_collects_every_peer_then_audits(tmp_path, capsys):
+    """The stack's auditor (`audit --collect-key`): a collector runs while it waits, the wait
+    ends once every peer has shipped, and the audit of the gathered directory is the full one."""
+    import socket
+    import threading
+
+    from coordinator_free.cluster import compose
+
+    cfg, ros, nodes, aud = _runs(tmp_path)
+    (aud / "logs" / "node-0.vlog").unlink()  # nothing on the auditor's disk at all
+    (aud / "results" / "node-0.json").unlink()
+    ckey = tmp_path / "keys" / "collector.key"
+    pub = shiplogs.make_collector(ckey, "127.0.0.1").public_key
+    with socket.socket() as s:  # a free port for the collector
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done: list = []
+    role = threading.Thread(
+        target=lambda: done.append(
+            compose.audit_role(
+                aud, wait_for=4, timeout_s=120, idle_s=120, collect_key=ckey, collect_port=port
+            )
+        )
+    )
+    role.start()
+    desc = shiplogs.Collector("127.0.0.1", port, pub)
+
+    async def peers():
+        keys = [roster_mod.load_private_key(tmp_path / "keys" / f"node-{i}.key") for i in range(4)]
+        return await asyncio.gather(
+            *(shiplogs.ship(nodes, i, keys[i], ros, desc, within_s=60, say=print) for i in range(4))
+        )
+
+    answers = asyncio.run(peers())
+    role.join(120)
+    assert not role.is_alive() and len(done) == 1
+    assert all(a == {"log": "written", "result": "written"} for a in answers), answers
+    rep = done[0]
+    assert rep["fault_free"] is True and rep["integrity"] == []
+    saved = json.loads((aud / "audit.json").read_text())
+    assert saved["written_by"]["role"] == "auditor job"
+    assert sorted(json.loads((aud / shiplogs.COLLECTED_FILE).read_text())) == ["0", "1", "2", "3"]
+    assert "collecting the peers' logs on port" in capsys.readouterr().out
