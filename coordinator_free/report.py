@@ -539,7 +539,7 @@ def current_audit(run_dir: Path, notes: list[str], *, trust: bool = False) -> Pa
                         "nothing to compute the privacy loss from"
                     )
             print(f"cfree report: auditing {run_dir} (audit.json {state})...", file=sys.stderr)
-            audit_mod.save_audit(run_dir, audit_mod.audit_run(run_dir))
+            audit_mod.save_audit(run_dir, audit_mod.audit_run(run_dir), role="cfree report")
             why = "was missing" if state == "missing" else "did not match the view logs"
             notes.append(f"audited the view logs first ({path.name} {why}); wrote {path}")
     except AuditError as exc:

@@ -7,7 +7,9 @@
 #                                config and roster from /cfree/run ($CFREE_CONFIG, $CFREE_ROSTER),
 #                                listening on 0.0.0.0:$CFREE_PORT (default 7000), logs into
 #                                /cfree/run; it does not start when keygen refused (REFUSED);
-#                                a step line at most every $CFREE_PROGRESS_EVERY s (default 5)
+#                                a step line at most every $CFREE_PROGRESS_EVERY s (default 5);
+#                                with $CFREE_COLLECTOR (collector.json), it ships its finished
+#                                log and result to the auditor (no shared disk needed)
 #   audit                        replay /cfree/run's view logs, write /cfree/run/audit.json
 #   anything else                passed to `cfree` (e.g. `plan`, `--help`)
 set -eu
@@ -26,6 +28,9 @@ case "$role" in
     if [ -f "$keydir/REFUSED" ]; then
       echo "cfree peer $id: not started: $(cat "$keydir/REFUSED")" >&2
       exit 0
+    fi
+    if [ -n "${CFREE_COLLECTOR:-}" ]; then
+      set -- --ship-to "$CFREE_COLLECTOR" "$@"
     fi
     exec cfree peer \
       --config "${CFREE_CONFIG:-/cfree/run/config.toml}" \

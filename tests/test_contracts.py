@@ -444,6 +444,8 @@ def test_run_outputs_are_the_files_they_describe(run: RunOutput) -> None:
     saved = json.loads((run.out / "audit.json").read_text())
     # audit.json also records the logs it was computed from (cfree report checks them).
     assert saved.pop(audit_mod.LOGS_KEY) == audit_mod.logs_fingerprint(run.out)
+    # ... and who wrote it (cfree audit keeps another auditor's audit.json aside).
+    assert saved.pop(audit_mod.WRITER_KEY)["run_dir"] == str(run.out.resolve())
     assert_matches(run.audit, saved, f"runs/{run.case.name}: cfree audit --json")
 
 

@@ -291,6 +291,7 @@ def test_audit_of_fault_free_learning_run_equals_plan(learning_runs, protocol):
         assert np.all(F["paper"] == R)
     # The audit is reproducible from the logs, and audit.json records which logs it read.
     assert rep.pop(audit.LOGS_KEY) == audit.logs_fingerprint(run.out)
+    assert rep.pop(audit.WRITER_KEY)["run_dir"] == str(run.out.resolve())  # and who wrote it
     assert json.loads(json.dumps(audit.audit_run(run.out))) == rep
 
 

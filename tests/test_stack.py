@@ -24,6 +24,8 @@ from tests import dockerimg
 from tests.netrun import assert_audit_equals_plan, assert_killed_node_audited
 
 EX = dockerimg.ROOT / "examples"
+#: A made-up image ID for the stack files that need no docker.
+FAKE_ID = "sha256:" + "ab12" * 16
 
 # ------------------------------------------------------------------------ the stack file (pure)
 
@@ -31,6 +33,8 @@ EX = dockerimg.ROOT / "examples"
 def _write(tmp_path: Path, *args: str) -> tuple[Path, dict, dict]:
     d = tmp_path / "st"
     argv = ["stack", str(EX / "muffliato-ring.toml"), "--dir", str(d), *args]
+    if "--image" not in args:
+        argv += ["--image", FAKE_ID]
     assert main(argv) == 0
     doc = yaml.safe_load((d / stack.STACK_FILE).read_text())
     return d, doc, json.loads((d / "roster.json").read_text())
@@ -53,7 +57,18 @@ def test_each_peer_is_a_job_never_restarted_with_only_its_own_key(tmp_path):
         assert s["environment"]["CFREE_NODE_ID"] == str(i)
         assert s["networks"] == ["cfree"]
     aud = services["auditor"]
-    assert "secrets" not in aud
+    # The auditor mounts no node key, only the log collector's own key.
+    assert aud["secrets"] == [
+        {"source": "collector-key", "target": "/cfree/key/collector.key", "mode": 0o400}
+    ]
+    assert aud["deploy"]["endpoint_mode"] == "dnsrr"  # no routing mesh needed (no IP_VS)
+    assert aud["hostname"] == "auditor" and "--collect-key" in aud["command"]
+    coll = json.loads((d / "collector.json").read_text())
+    assert coll["host"] == "auditor" and coll["port"] == 7001 and len(coll["public_key"]) == 64
+    for i in range(8):
+        s = services[f"peer-{i}"]
+        assert s["environment"]["CFREE_COLLECTOR"] == "/cfree/public/collector.json"
+        assert {"source": "collector", "target": "/cfree/public/collector.json"} in s["configs"]
     assert aud["deploy"]["placement"]["constraints"] == ["node.role == manager"]
     assert aud["command"][:3] == ["audit", "--wait-for", "8"]
     assert doc["networks"]["cfree"]["driver"] == "overlay"
@@ -72,6 +87,13 @@ def test_each_peer_is_a_job_never_restarted_with_only_its_own_key(tmp_path):
     assert f"${{CFREE_RUN_DIR:-{run.resolve()}}}" in (d / stack.STACK_FILE).read_text()
 
 
+def test_without_log_shipping_there_is_no_collector(tmp_path):
+    d, doc, _ = _write(tmp_path, "--no-ship-logs")
+    text = (d / stack.STACK_FILE).read_text()
+    assert "collector" not in text and "secrets" not in doc["services"]["auditor"]
+    assert not (d / "keys" / "collector.key").exists()
+
+
 def test_groups_pin_peers_to_labelled_hosts_and_the_readme_says_how(tmp_path):
     d, doc, _ = _write(tmp_path, "--groups", "3")
     for i in range(8):
@@ -83,7 +105,7 @@ def test_groups_pin_peers_to_labelled_hosts_and_the_readme_says_how(tmp_path):
 
 
 def test_the_stack_file_is_deterministic_for_a_run(tmp_path):
-    kw = dict(run_id="0123456789abcdef", describe="t", run_dir="/r", groups=2)
+    kw = dict(run_id="0123456789abcdef", describe="t", run_dir="/r", groups=2, image=FAKE_ID)
     assert stack.render(4, **kw) == stack.render(4, **kw)
     assert "cfree-0123456789ab-key-3" in stack.render(4, **kw)
 
@@ -91,17 +113,75 @@ def test_the_stack_file_is_deterministic_for_a_run(tmp_path):
 def test_stack_refuses_an_existing_dir_a_non_empty_run_dir_and_bad_groups(tmp_path, capsys):
     d, _, _ = _write(tmp_path)
     before = {p: p.read_bytes() for p in d.rglob("*") if p.is_file()}
-    assert main(["stack", str(EX / "muffliato-ring.toml"), "--dir", str(d)]) == 2
+    assert (
+        main(["stack", str(EX / "muffliato-ring.toml"), "--dir", str(d), "--image", FAKE_ID]) == 2
+    )
     assert "already holds a stack or keys" in capsys.readouterr().err
     assert {p: p.read_bytes() for p in d.rglob("*") if p.is_file()} == before
     run = tmp_path / "busy"
     run.mkdir()
     (run / "audit.json").write_text("{}")
     argv = ["stack", str(EX / "muffliato-ring.toml"), "--dir", str(tmp_path / "x")]
-    assert main([*argv, "--run-dir", str(run)]) == 2
+    assert main([*argv, "--run-dir", str(run), "--image", FAKE_ID]) == 2
     assert "is not empty" in capsys.readouterr().err
     with pytest.raises(ComposeError, match="--groups"):
-        stack.render(3, run_id="r", describe="t", run_dir="/r", groups=-1)
+        stack.render(3, run_id="r", describe="t", run_dir="/r", groups=-1, image=FAKE_ID)
+
+
+def _fake_docker(tmp_path: Path, images: dict[str, str]) -> Path:
+    """A `docker` on PATH that answers `docker image inspect --format {{.Id}} NAME` from
+    ``images`` (and fails, as docker does, for any other name)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    cases = "".join(f'  "{k}") echo {v}; exit 0 ;;\n' for k, v in images.items())
+    (bindir / "docker").write_text(
+        "#!/bin/sh\n"
+        '[ "$1 $2" = "image inspect" ] || exit 3\n'
+        'case "$5" in\n'
+        f"{cases}"
+        '  *) echo "Error: No such image: $5" >&2; exit 1 ;;\n'
+        "esac\n"
+    )
+    (bindir / "docker").chmod(0o755)
+    return bindir
+
+
+def test_the_stack_names_the_image_by_id_never_by_a_tag(tmp_path, monkeypatch, capsys):
+    """A tag makes every node's agent ask a registry first (10 s DNS timeouts per task on an
+    air-gapped host); the stack names the image by the ID resolved when it is written."""
+    monkeypatch.setenv("PATH", str(_fake_docker(tmp_path, {"my/peer:1.0": FAKE_ID})))
+    d, doc, _ = _write(tmp_path, "--image", "my/peer:1.0")
+    text = (d / stack.STACK_FILE).read_text()
+    images = {s["image"] for s in doc["services"].values()}
+    assert images == {FAKE_ID}
+    assert "my/peer" not in text and "coordinator-free-peer" not in text
+    out = capsys.readouterr().out
+    assert f"image my/peer:1.0 = {FAKE_ID}" in out
+    assert FAKE_ID in (d / "README.md").read_text()
+    # An ID or a digest goes in as given, with no docker at all.
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    digest = "registry.example/peer@sha256:" + "cd34" * 16
+    d2, doc2, _ = _write(tmp_path / "b", "--image", digest)
+    assert {s["image"] for s in doc2["services"].values()} == {digest}
+    # The default name resolves the same way (here: no docker to ask, so a clear refusal).
+    assert main(["stack", str(EX / "muffliato-ring.toml"), "--dir", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err
+    assert "no docker here to resolve it to its image ID" in err
+    assert not (tmp_path / "c").exists()  # refused before any key was made
+
+
+def test_a_tag_that_is_not_an_image_here_is_refused_and_nothing_is_written(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("PATH", str(_fake_docker(tmp_path, {})))
+    argv = ["stack", str(EX / "muffliato-ring.toml"), "--dir", str(tmp_path / "st")]
+    assert main([*argv, "--image", "peer:missing"]) == 2
+    err = capsys.readouterr().err
+    assert "--image peer:missing: not an image here (Error: No such image: peer:missing)" in err
+    assert "sha256:" in err and not (tmp_path / "st").exists()
+    with pytest.raises(ComposeError, match="is a tag"):
+        stack.render(3, run_id="r", describe="t", run_dir="/r", image="peer:latest")
+    assert stack.pinned(FAKE_ID) and not stack.pinned("sha256:abc")
 
 
 def test_the_auditor_waits_for_every_result_or_for_the_rest_to_go_quiet(tmp_path):
@@ -167,7 +247,8 @@ class Stack:
             "stack", "deploy", "--resolve-image", "never", "-c", str(self.file), self.name,
             timeout=300,
         )  # fmt: skip
-        assert image in self.file.read_text()
+        # By ID: no node ever asks a registry for a tag.
+        assert stack.resolve_image(image) in self.file.read_text()
 
     def tasks(self, service: str) -> list[str]:
         out = _docker(
@@ -227,11 +308,13 @@ def stacks(swarm):
 def _stack(stacks, tmp_path: Path, image: str, *sets: str, groups: int = 0) -> Stack:
     d = tmp_path / "st"
     argv = ["stack", str(EX / "muffliato-ring.toml"), "--dir", str(d), "--image", image]
+    image_id = stack.resolve_image(image)
     argv += [a for s in sets for a in ("--set", s)]
     if groups:
         argv += ["--groups", str(groups)]
     assert main(argv) == 0
     s = Stack(f"cfreetest{tmp_path.name[-12:]}".lower().replace("_", ""), d / stack.STACK_FILE)
+    assert image_id.startswith("sha256:") and image not in s.file.read_text()
     stacks.append(s)
     return s
 

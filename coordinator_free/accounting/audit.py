@@ -11,10 +11,14 @@ for it.
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import json
 import math
 import numbers
+import os
+import socket
+import sys
 from pathlib import Path
 
 from coordinator_free import config as config_mod
@@ -172,11 +176,74 @@ def logs_fingerprint(run_dir: str | Path) -> dict:
     return {"files": len(files), "bytes": total, "sha256": h.hexdigest()}
 
 
-def save_audit(run_dir: str | Path, rep: dict) -> Path:
+#: The key of ``audit.json`` recording who wrote it: host, user, run directory, role.
+WRITER_KEY = "written_by"
+
+
+def auditor_identity(run_dir: str | Path, role: str) -> dict:
+    """Who is writing an audit: this host, this user, the run directory as this auditor sees
+    it (a container's ``/cfree/run`` differs from the host's path) and what it is (``role``)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # a container's uid without a passwd entry
+        user = str(os.getuid())
+    return {
+        "host": socket.gethostname(),
+        "user": user,
+        "run_dir": str(Path(run_dir).resolve()),
+        "role": role,
+    }
+
+
+def same_auditor(a, b: dict) -> bool:
+    """Whether the audit written by ``a`` (its ``written_by`` record, or anything else when it
+    has none) came from the auditor ``b``: the same host and the same run directory path."""
+    return isinstance(a, dict) and all(a.get(k) == b[k] for k in ("host", "run_dir"))
+
+
+def _kept_name(run_dir: Path) -> Path:
+    n = 1
+    while (path := Path(run_dir) / f"audit-{n}.json").exists():
+        n += 1
+    return path
+
+
+def save_audit(
+    run_dir: str | Path,
+    rep: dict,
+    *,
+    role: str = "cfree",
+    force: bool = False,
+    say=lambda msg: print(msg, file=sys.stderr),
+) -> Path:
     """Write a full audit to ``RUN_DIR/audit.json`` with the fingerprint of the logs it was
-    computed from (key ``logs``), so that ``cfree report`` can tell whether it is current."""
+    computed from (key ``logs``), so that ``cfree report`` can tell whether it is current, and
+    who wrote it (key ``written_by``: :func:`auditor_identity`).
+
+    An audit.json another auditor wrote (another host or container, another path to the run
+    directory, or no record of its writer) is never replaced silently: it is first renamed to
+    ``audit-<n>.json`` (the first free n) and ``say`` is told so. ``force`` replaces it."""
     path = rundir.audit_path(run_dir)
-    write_json(path, {**rep, LOGS_KEY: logs_fingerprint(run_dir)})
+    me = auditor_identity(run_dir, role)
+    if path.exists() and not force:
+        try:
+            earlier = json.loads(path.read_bytes()).get(WRITER_KEY)
+        except (OSError, ValueError, AttributeError):
+            earlier = None  # unreadable: certainly not ours to throw away
+        if not same_auditor(earlier, me):
+            kept = _kept_name(Path(run_dir))
+            os.replace(path, kept)
+            who = (
+                f"{earlier.get('role', '?')} on host {earlier.get('host', '?')} (run directory "
+                f"{earlier.get('run_dir', '?')})"
+                if isinstance(earlier, dict)
+                else "an auditor that did not record itself"
+            )
+            say(
+                f"{path} was written by {who}, not by this auditor: kept as {kept.name}, the "
+                "new audit is audit.json (--force replaces without keeping)"
+            )
+    write_json(path, {**rep, LOGS_KEY: logs_fingerprint(run_dir), WRITER_KEY: me})
     return path
 
 

@@ -17,7 +17,9 @@ def add_parser(sub) -> None:
         "from the view logs of RUN_DIR, then compute every observer's loss about every source "
         "with both methods, and check the logs' integrity. A full audit (no --observer) is "
         "written to RUN_DIR/audit.json, with the fingerprint of the logs it read, for `cfree "
-        "report`; a missing or damaged log is named and never lowers a loss below the plan's.",
+        "report`, and who wrote it; an audit.json another auditor wrote (e.g. the auditor job of a "
+        "stack, on another host) is kept as audit-<n>.json, never silently replaced. A missing or "
+        "damaged log is named and never lowers a loss below the plan's.",
         **examples(
             "cfree run examples/muffliato-ring.toml --out /tmp/ring --quiet --no-audit",
             "cfree audit /tmp/ring",
@@ -38,6 +40,12 @@ def add_parser(sub) -> None:
         "--no-write",
         action="store_true",
         help="do not write RUN_DIR/audit.json (it is written only for a full audit anyway)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an audit.json another auditor wrote (another host, container or path to "
+        "the run directory); without it that audit is kept as audit-<n>.json",
     )
     p.add_argument(
         "--strict",
@@ -62,7 +70,7 @@ def cmd_audit(args) -> int:
     _emit(args, rep, print_audit)
     if args.observer is None and not args.no_write:
         try:
-            path = save_audit(args.run_dir, rep)
+            path = save_audit(args.run_dir, rep, role="cfree audit", force=args.force)
         except OSError as exc:
             print(f"cfree audit: warning: audit.json not written: {exc}", file=sys.stderr)
         else:

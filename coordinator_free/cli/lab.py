@@ -149,6 +149,9 @@ def add_lab_parser(sub) -> None:
         help="heal NODE's link once it has reported step STEP (repeatable)",
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    from coordinator_free.cli.run import add_memory_arg
+
+    add_memory_arg(p)
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument("--no-audit", action="store_true", help="skip the audit at the end")
 
@@ -319,6 +322,7 @@ def _run(args) -> int:
     for f in cfg.fault_plan.at_steps():
         if f.step > plan.steps:
             raise netns.LabError(f"--fault {f.spec}: the run has {plan.steps} steps")
+    local.check_memory(cfg, plan, spawn="exec", allow=args.no_memory_check)  # lab peers: exec
     netns.check_environment()
     lab = netns.load(args.name)
     if lab is not None and lab.n < plan.n:

@@ -45,6 +45,18 @@ def add_parser(sub) -> None:
         "about half a second of CPU per peer). Either way every peer is its own OS process",
     )
     p.add_argument("--no-audit", action="store_true", help="skip the audit at the end")
+    add_memory_arg(p)
+
+
+def add_memory_arg(p) -> None:
+    """The override of the memory check `cfree run` and `cfree lab run` make before any peer
+    starts (cluster.local.check_memory)."""
+    p.add_argument(
+        "--no-memory-check",
+        action="store_true",
+        help="start the peers even when the estimate of their memory (a measured figure per "
+        "peer plus its copy of the plan) exceeds 80%% of the machine's available memory",
+    )
 
 
 def banner(cfg, plan) -> str:
@@ -230,6 +242,7 @@ def cmd_run(args) -> int:
     cfg = config_mod.load(args.config, args.set, args.fault, default=config_mod.RUN_DEFAULT_CONFIG)
     family = family_of(cfg.protocol.name)
     plan = family.make_plan(cfg)
+    local.check_memory(cfg, plan, spawn=args.spawn, allow=args.no_memory_check)
     out = args.out or local.default_run_dir(cfg)
     local.prepare_run_dir(cfg, out)
     if not args.quiet:

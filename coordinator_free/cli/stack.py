@@ -23,7 +23,8 @@ def add_parser(sub) -> None:
         "and roster as Swarm configs, an overlay network, one job per peer that is never "
         "restarted, and an auditor job that audits once every peer has a result. DIR/run is "
         "the run directory (a bind mount) and DIR/README.md has the commands, also for "
-        "spreading the peers over LAN hosts (--groups).",
+        "spreading the peers over LAN hosts (--groups). The image is written by its ID, "
+        "resolved here, so build it (or load it) before writing the stack.",
         epilog="examples:\n  cfree stack examples/muffliato-ring.toml --dir stack/ring\n"
         "  docker stack deploy --resolve-image never -c stack/ring/docker-stack.yml cfree\n"
         "  cfree stack examples/ring-sum.toml --dir stack/lan --groups 3   # hosts labelled "
@@ -35,8 +36,10 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--image",
         default=None,
-        help="the peer image on every host (default: coordinator-free-peer:latest, built from "
-        "peer/Dockerfile)",
+        help="the peer image on every host: a name resolved here to its image ID (docker image "
+        "inspect), an ID (sha256:...) or a digest (name@sha256:...); the stack names it by ID "
+        "or digest only, so no node asks a registry (default: coordinator-free-peer:latest, "
+        "built from peer/Dockerfile)",
     )
     p.add_argument(
         "--groups",
@@ -50,6 +53,13 @@ def add_parser(sub) -> None:
         "--run-dir",
         type=Path,
         help="the run directory, a host path on every node (default: DIR/run)",
+    )
+    p.add_argument(
+        "--no-ship-logs",
+        dest="ship_logs",
+        action="store_false",
+        help="do not have each peer send its finished log and result to the auditor (only "
+        "for a run directory that is one shared disk on every host)",
     )
     add_deploy_args(p)
     p.add_argument(
@@ -75,6 +85,7 @@ def cmd_stack(args) -> int:
             run_dir=args.run_dir,
             audit_timeout_s=args.audit_after,
             audit_idle_s=args.audit_idle,
+            ship_logs=args.ship_logs,
         )
     except compose.ComposeError as exc:
         raise CliError(str(exc)) from None
@@ -85,6 +96,8 @@ def cmd_stack(args) -> int:
         f"wrote {info['stack_file']}: {info['nodes']} peer jobs, an auditor job, keys/ "
         f"(private); run directory {info['run_dir']}"
     )
+    if info["image"] != info["image_ref"]:
+        print(f"image {info['image_ref']} = {info['image']} (the stack names it by this ID)")
     print("next:")
     print(f"  docker stack deploy --resolve-image never -c {info['stack_file']} cfree")
     print(f"  (see {info['dir']}/README.md)")

@@ -335,28 +335,37 @@ def idle_after(cfg: config_mod.Config) -> float:
 
 
 def wait_for_peers(
-    run_dir: Path, n: int, *, timeout_s: float, idle_s: float, poll_s: float = 1.0
+    run_dir: Path,
+    n: int,
+    *,
+    timeout_s: float,
+    idle_s: float,
+    poll_s: float = 1.0,
+    finished=None,
 ) -> str:
     """Wait until the run directory holds a result from each of the ``n`` peers (``"all"``),
     or a peer has finished and nothing in the directory changed for ``idle_s`` (``"idle"``: the
     others are gone, e.g. killed), or ``timeout_s`` passed (``"timeout"``). Says what it waits
     for, at most every 30 s. For orchestrators with no "after these have ended" (Swarm,
-    Kubernetes): the audit of what is there then names every peer without a result."""
+    Kubernetes): the audit of what is there then names every peer without a result.
+    ``finished()``, if given, counts the finished peers instead of their results (a log
+    collector: the peers that shipped their files)."""
     import time
 
     t0 = time.monotonic()
     last_said = float("-inf")
     while True:
         results = list(rundir.results_dir(run_dir).glob("node-*.json"))
+        done = finished() if finished is not None else len(results)
         now = time.monotonic()
-        if len(results) >= n:
+        if done >= n:
             return "all"
         if now - t0 >= timeout_s:
             print(
                 f"auditor: {len(results)} of {n} peers finished after {timeout_s:.0f} s; auditing"
             )
             return "timeout"
-        if results:
+        if results or done:
             touched = [*results, *rundir.logs_dir(run_dir).glob("*")]
             newest = max((p.stat().st_mtime for p in touched if p.exists()), default=0.0)
             if time.time() - newest >= idle_s:
@@ -377,9 +386,13 @@ def audit_role(
     wait_for: int | None = None,
     timeout_s: float = 3600.0,
     idle_s: float | None = None,
+    collect_key: Path | None = None,
+    collect_port: int = 7001,
 ) -> dict:
     """The auditor service: replay the logs, write ``audit.json`` beside them, print the report.
-    With ``wait_for`` (the number of peers), first :func:`wait_for_peers`."""
+    With ``wait_for`` (the number of peers), first :func:`wait_for_peers`. With
+    ``collect_key`` (the collector's private key), meanwhile receive the peers' shipped logs
+    and results on ``collect_port`` (:mod:`~coordinator_free.cluster.shiplogs`)."""
     from coordinator_free.accounting.audit import audit_run, audit_state, save_audit
     from coordinator_free.accounting.render import print_audit as _print_audit
 
@@ -388,15 +401,59 @@ def audit_role(
         # there is that of these very logs, so recomputing it could only rewrite the file.
         print(f"auditor: {rundir.audit_path(run_dir)} is the audit of the logs there; not redone")
         return json.loads(rundir.audit_path(run_dir).read_bytes())
-    if wait_for is not None:
-        if idle_s is None:
-            idle_s = idle_after(config_mod.load(rundir.config_path(run_dir)))
-        wait_for_peers(run_dir, wait_for, timeout_s=timeout_s, idle_s=idle_s)
+    collector, shipped = None, None
+    if collect_key:
+        collector, shipped = _start_collector(run_dir, collect_key, collect_port)
+    try:
+        if wait_for is not None:
+            if idle_s is None:
+                idle_s = idle_after(config_mod.load(rundir.config_path(run_dir)))
+            wait_for_peers(run_dir, wait_for, timeout_s=timeout_s, idle_s=idle_s, finished=shipped)
+    finally:
+        if collector is not None:
+            collector()
     rep = audit_run(run_dir)
-    save_audit(run_dir, rep)
+    save_audit(run_dir, rep, role="auditor job", say=print)
     _print_audit(rep)
     print(f"wrote {run_dir / 'audit.json'}")
     return rep
+
+
+def _start_collector(run_dir: Path, key_path: Path, port: int):
+    """Run a log collector on ``port`` in a thread of its own; return the function that stops
+    it (and writes collected.json) and the one that counts the peers that shipped."""
+    import asyncio
+    import threading
+
+    from coordinator_free.cluster import shiplogs
+
+    key = roster_mod.load_private_key(key_path)
+    ros = roster_mod.load_roster(rundir.roster_path(run_dir))
+    col = shiplogs.LogCollector(run_dir, key, ros, say=lambda m: print(m, flush=True))
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    stop: list = []
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        bound = loop.run_until_complete(col.start(port=port))
+        print(f"auditor: collecting the peers' logs on port {bound}", flush=True)
+        stop.append(loop.create_future())
+        started.set()
+        loop.run_until_complete(stop[0])
+        loop.run_until_complete(col.close())
+        loop.close()
+
+    thread = threading.Thread(target=serve, name="log-collector", daemon=True)
+    thread.start()
+    if not started.wait(30):
+        raise ComposeError(f"the log collector did not start on port {port}")
+
+    def finish() -> None:
+        loop.call_soon_threadsafe(stop[0].set_result, None)
+        thread.join(30)
+
+    return finish, lambda: len(col.record)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -418,13 +475,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--timeout", type=float, default=3600.0, metavar="SECONDS")
     p.add_argument("--idle", type=float, metavar="SECONDS", help="default: 3 step deadlines + 10")
+    p.add_argument(
+        "--collect-key",
+        type=Path,
+        metavar="KEY",
+        help="while waiting, receive the peers' shipped logs and results (the collector's "
+        "private key; peers run with --ship-to)",
+    )
+    p.add_argument("--collect-port", type=int, default=7001, metavar="PORT")
     args = parser.parse_args(argv)
     from coordinator_free.accounting.audit import AuditError
 
     if args.role == "keygen":
         return keygen_main(args.nodes, args.port)
     try:
-        audit_role(wait_for=args.wait_for, timeout_s=args.timeout, idle_s=args.idle)
+        audit_role(
+            wait_for=args.wait_for,
+            timeout_s=args.timeout,
+            idle_s=args.idle,
+            collect_key=args.collect_key,
+            collect_port=args.collect_port,
+        )
     except (AuditError, config_mod.ConfigError, roster_mod.RosterError, OSError) as exc:
         print(f"cfree {args.role}: {exc}", file=sys.stderr)
         return 2

@@ -102,6 +102,128 @@ def check_loopback(host: str) -> None:
         )
 
 
+#: What one peer process costs beyond its copy of the plan, in MiB of PSS (its share of the
+#: pages it shares with others counted pro rata), with a margin over what was measured: 15.5
+#: MiB each for a muffliato ring of 64 forked peers (tests/test_memory.py measures it again),
+#: 66 MiB each for 16 fresh interpreters (``--spawn exec``; ``cfree lab run`` starts every
+#: peer so). With the plan, 2000 forked peers come to about 48 MiB each: measured, about 45 MB
+#: each at start.
+PEER_BASE_MIB = {"fork": 18.0, "exec": 72.0}
+#: The share of the machine's available memory a run may plan to use: the launcher, the
+#: auditor afterwards and everything else keep the rest.
+MEMORY_SHARE = 0.8
+
+
+def plan_nbytes(plan) -> int:
+    """The bytes of the numpy arrays a plan holds (each counted once): every peer builds its own
+    copy of the plan, so this is what a peer holds beyond :data:`PEER_BASE_MIB`. A Muffliato
+    ring of n nodes holds an n x n float64 matrix: 31 MiB at n = 2000."""
+    seen: set[int] = set()
+    total = 0
+    stack = [plan]
+    while stack:
+        x = stack.pop()
+        if id(x) in seen or x is None or isinstance(x, (str, bytes, int, float, bool)):
+            continue
+        seen.add(id(x))
+        if isinstance(x, np.ndarray):
+            total += x.nbytes if x.base is None or id(x.base) not in seen else 0
+            if x.base is not None:
+                seen.add(id(x.base))
+        elif hasattr(x, "data") and hasattr(x, "indices") and hasattr(x, "indptr"):
+            stack += [x.data, x.indices, x.indptr]  # a scipy sparse matrix
+        elif isinstance(x, dict):
+            stack += list(x.values())
+        elif isinstance(x, (list, tuple, set, frozenset)):
+            stack += list(x)
+        elif hasattr(x, "__dict__"):
+            stack += list(vars(x).values())
+        elif hasattr(x, "__slots__"):
+            stack += [getattr(x, a, None) for a in x.__slots__]
+    return total
+
+
+def available_memory() -> int | None:
+    """``MemAvailable`` of /proc/meminfo in bytes (None where there is no such file)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+@dataclass
+class MemoryEstimate:
+    peers: int
+    spawn: str
+    base_bytes: int
+    plan_bytes: int
+    available_bytes: int | None
+
+    @property
+    def per_peer_bytes(self) -> int:
+        return self.base_bytes + self.plan_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.peers * self.per_peer_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.available_bytes is None or (
+            self.total_bytes <= MEMORY_SHARE * self.available_bytes
+        )
+
+
+def estimate_memory(plan, spawn: str = "fork", available: int | None = None) -> MemoryEstimate:
+    """What the peers of ``plan`` will take, from the measured per-peer figure and the plan's
+    own size, against the machine's available memory (``available``: measured when None)."""
+    return MemoryEstimate(
+        peers=plan.n,
+        spawn=spawn,
+        base_bytes=int(PEER_BASE_MIB[spawn] * 2**20),
+        plan_bytes=plan_nbytes(plan),
+        available_bytes=available if available is not None else available_memory(),
+    )
+
+
+def size_keys(cfg: Config, n: int) -> str:
+    """The config keys that set the number of nodes, with their values."""
+    g = cfg.graph
+    if g.kind == "hypercube" and g.dim is not None:
+        return f"graph.dim={g.dim} ({n} nodes)"
+    if g.rows is not None and g.cols is not None and g.kind in ("torus", "grid"):
+        return f"graph.rows={g.rows} x graph.cols={g.cols} ({n} nodes)"
+    if g.path:
+        return f"graph.path={g.path} ({n} nodes)"
+    return f"graph.nodes={n}"
+
+
+#: The flag of `cfree run` and `cfree lab run` that starts a run the estimate says will not fit.
+MEMORY_FLAG = "--no-memory-check"
+
+
+def check_memory(cfg: Config, plan, *, spawn: str = "fork", allow: bool = False) -> MemoryEstimate:
+    """Refuse (LaunchError) a run whose peers will not fit in the machine's available memory,
+    before any peer starts, naming the key that sets the size, the estimate and the override
+    (``allow``: go ahead anyway)."""
+    est = estimate_memory(plan, spawn)
+    if est.fits or allow or not family_of(cfg.protocol.name).has_peers(cfg):
+        return est
+    gib = 2**30
+    kind = "forked peer" if spawn == "fork" else "peer interpreter"
+    raise LaunchError(
+        f"{size_keys(cfg, plan.n)}: {plan.n} peer processes need about "
+        f"{est.total_bytes / gib:.1f} GiB ({est.per_peer_bytes / 2**20:.1f} MiB each: "
+        f"{PEER_BASE_MIB[spawn]:g} MiB per {kind} (measured, with a margin) "
+        f"+ {est.plan_bytes / 2**20:.1f} MiB for its copy of the plan), more than "
+        f"{MEMORY_SHARE:.0%} of the {est.available_bytes / gib:.1f} GiB this machine has "
+        f"available; nothing was started. Lower the size, or pass {MEMORY_FLAG} to start anyway"
+    )
+
+
 def bind_sockets(host: str, n: int, base_port: int) -> list[socket.socket]:
     check_loopback(host)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -413,14 +535,16 @@ async def supervise_peers(
         return LocalRun(out_dir=out_dir, outcomes=outcomes, wall_s=time.monotonic() - t0)
     finally:
         # Interrupted (Ctrl-C, cancellation) or failed while spawning: never leave peer
-        # processes behind.
-        for p in procs:
-            if p.returncode is None:
-                p.kill()
-                try:
-                    await asyncio.wait_for(p.wait(), timeout=10)
-                except (TimeoutError, asyncio.CancelledError):
-                    pass
+        # processes behind. Every one is killed first, then all are awaited together under one
+        # deadline (one at a time, a run of hundreds took a minute to end).
+        live = [p for p in procs if p.returncode is None]
+        for p in live:
+            p.kill()
+        if live:
+            try:
+                await asyncio.wait([asyncio.ensure_future(p.wait()) for p in live], timeout=10)
+            except asyncio.CancelledError:
+                pass
 
 
 async def launch_peers(

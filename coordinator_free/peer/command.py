@@ -46,6 +46,14 @@ def add_parser(sub) -> None:
         "they come); 0, the default, writes every event, as the local launcher needs. The peer "
         "image uses 5: a container's output stays readable",
     )
+    p.add_argument(
+        "--ship-to",
+        type=Path,
+        metavar="COLLECTOR.json",
+        help="once the run has ended, send this node's view log and result to the auditor's "
+        "collector described there (address, port, public key), over an authenticated "
+        "channel, for deployments whose nodes do not share a disk",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
 
 

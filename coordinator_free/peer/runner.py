@@ -455,18 +455,39 @@ def peer_main(args) -> int:
     progress = Progress(args.progress_fd, args.progress_every)
     ignore_fault_signals()
     one_thread_for_process()  # one process of many: no spinning BLAS threads
+    collector = None
+    if getattr(args, "ship_to", None) is not None:
+        from coordinator_free.cluster import shiplogs
+
+        try:
+            collector = shiplogs.load_collector(args.ship_to)
+        except shiplogs.ShipError as exc:
+            print(f"cfree peer: --ship-to: {exc}", file=sys.stderr)
+            return 2
+    rc = 0
     try:
-        _run_loop(
-            run_peer(cfg, ros, args.id, key, Path(args.out), listen_sock=sock, progress=progress)
-        )
-    except Exception as exc:  # report the cause, never a silent hang
-        msg = f"node {args.id} failed: {type(exc).__name__}: {exc}"
-        print(f"cfree peer: {msg}", file=sys.stderr)
-        progress.emit(event="failed", node=args.id, error=msg)
-        return 1
+        try:
+            _run_loop(
+                run_peer(
+                    cfg, ros, args.id, key, Path(args.out), listen_sock=sock, progress=progress
+                )
+            )
+        except Exception as exc:  # report the cause, never a silent hang
+            msg = f"node {args.id} failed: {type(exc).__name__}: {exc}"
+            print(f"cfree peer: {msg}", file=sys.stderr)
+            progress.emit(event="failed", node=args.id, error=msg)
+            rc = 1
+        if collector is not None:  # what the node logged goes to the auditor, finished or not
+            # (before the progress fd closes: it may be stdout, which no socket may take over)
+            _run_loop(
+                shiplogs.ship(
+                    Path(args.out), args.id, key, ros, collector,
+                    say=lambda m: print(f"cfree peer: {m}", file=sys.stderr, flush=True),
+                )
+            )  # fmt: skip
     finally:
         progress.close()
-    return 0
+    return rc
 
 
 def _run_loop(coro):
