@@ -14,10 +14,12 @@ must keep the hand-off's invariants:
   had (both known here from outside the logs).
 
 The quick variant runs a few hundred schedules; ``-m slow`` runs many more (its size is
-``WALK_EXPLORATION_PER_PROTOCOL``, default 2500 per protocol)."""
+``WALK_EXPLORATION_PER_PROTOCOL``, default 10,000 per protocol, one worker process per core)."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import multiprocessing
 import os
 import random
 from pathlib import Path
@@ -231,12 +233,31 @@ def test_explored_schedules_keep_the_hand_off_invariants(name, tmp_path):
     assert any(not r["completed"] for r in results)
 
 
+def _explore_range(name: str, seeds: range, tmp: str) -> int:
+    """Schedules ``seeds`` of ``name`` (one worker's share), the audit check on every
+    hundredth; returns how many ran (an invariant broken raises)."""
+    for seed in seeds:
+        explore(name, seed, Path(tmp) if seed % 100 == 0 else None)
+    return len(seeds)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(PROTOCOLS))
 def test_many_explored_schedules_keep_the_hand_off_invariants(name, tmp_path):
-    count = int(os.environ.get("WALK_EXPLORATION_PER_PROTOCOL", "2500"))
-    for seed in range(QUICK, QUICK + count):
-        explore(name, seed, tmp_path if seed % 100 == 0 else None)
+    """10,000 schedules per protocol by default (WALK_EXPLORATION_PER_PROTOCOL), shared among
+    one worker process per core."""
+    count = int(os.environ.get("WALK_EXPLORATION_PER_PROTOCOL", "10000"))
+    workers = max(1, min(os.cpu_count() or 1, 4))
+    seeds = range(QUICK, QUICK + count)
+    shares = [seeds[i::workers] for i in range(workers)]
+    ctx = multiprocessing.get_context("fork")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        futures = [
+            pool.submit(_explore_range, name, share, str(tmp_path / f"w{i}"))
+            for i, share in enumerate(shares)
+        ]
+        done = sum(f.result() for f in futures)
+    assert done == count
 
 
 #: A run of every way a walk can end: (protocol, declared faults, in-memory network faults).
