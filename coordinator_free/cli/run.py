@@ -103,7 +103,7 @@ def conclude(cfg, plan, out: Path, run, schedule) -> tuple[dict, list]:
                 any((inj.get("link") or {}).values()) or inj.get("nan") or inj.get("signals")
             ):
                 peers[v] = inj
-        faults_doc = schedule.record(out, peers)
+        faults_doc = schedule.record(out, peers, results)
     failed = [
         {"node": o.node, "returncode": o.returncode, "error": o.error, "step": o.steps_done}
         for o in run.failed
@@ -141,9 +141,8 @@ def print_problems(command: str, summary: dict) -> None:
         )
         if fired:
             print(f"{command}: injected {fired}", file=sys.stderr)
-        for spec in faults_doc["not_applied"]:
-            print(f"{command}: --fault {spec} never applied (its step was not reached)",
-                  file=sys.stderr)  # fmt: skip
+        for f in faults_doc["not_applied"]:
+            print(f"{command}: --fault {f['spec']} never applied: {f['reason']}", file=sys.stderr)
         for e in faults_doc["errors"]:
             print(f"{command}: fault injection failed: {e}", file=sys.stderr)
     if problems:
