@@ -13,7 +13,7 @@ from pathlib import Path
 
 from coordinator_free import config as config_mod
 from coordinator_free import rundir
-from coordinator_free.cli.common import _cancel_on_sigterm, add_config_args
+from coordinator_free.cli.common import AfterPeers, Terminated, _cancel_on_sigterm, add_config_args
 from coordinator_free.families import family_of
 
 
@@ -167,20 +167,34 @@ def cmd_run(args) -> int:
     if not family.has_peers(cfg):
         return _run_central(args, cfg, out)
     schedule = fault_schedule(cfg, announce=not args.quiet)
+    term = AfterPeers(peers_done=lambda: len(schedule.finished) >= plan.n)
     run = asyncio.run(
         _cancel_on_sigterm(
             local.launch_peers(
                 cfg, out, show_progress=not args.quiet, on_event=schedule, spawn=args.spawn
-            )
+            ),
+            after=term,
         )
     )
-    summary, finished = conclude(cfg, plan, out, run, schedule)
-    audit = save_summary(args, out, summary, finished)
-    if args.json:
-        print(json.dumps(summary, indent=1))
-    else:
-        family.print_summary(summary, audit)
-    print_problems("cfree run", summary)
+    with term:
+        summary, finished = conclude(cfg, plan, out, run, schedule)
+        try:
+            with term.interruptible():
+                audit = save_summary(args, out, summary, finished)
+        except Terminated:
+            audit = None
+            summary["audit"] = {
+                "skipped": "SIGTERM after the peers finished",
+                "command": f"cfree audit {out}",
+            }
+            rundir.write_json(rundir.summary_path(out), summary)
+            print(f"cfree run: SIGTERM after the peers finished: summary.json written without "
+                  f"the audit (cfree audit {out} makes it)", file=sys.stderr)  # fmt: skip
+        if args.json:
+            print(json.dumps(summary, indent=1))
+        else:
+            family.print_summary(summary, audit)
+        print_problems("cfree run", summary)
     return 1 if summary["problems"] else 0
 
 

@@ -47,6 +47,7 @@ class FaultSchedule:
         self.global_steps = global_steps
         self.declared = fp.specs
         self.pids: dict[int, int] = {}
+        self.finished: set[int] = set()  # the peers that reported they finished
         self.injected: list[dict] = []
         self.errors: list[str] = []
         self.announce = announce
@@ -63,6 +64,8 @@ class FaultSchedule:
 
     def __call__(self, node: int, ev: dict, pid: int) -> None:
         self.pids.setdefault(node, pid)
+        if ev.get("event") == "finished":
+            self.finished.add(node)
         for fault in self.triggers.fire(node, ev):
             self._apply(fault, node, ev)
 
