@@ -459,6 +459,9 @@ def against_ldp(rep: dict, target_eps: float) -> dict:
         return rep
     factor = float(ldp["factor"])
     sens, alpha, delta = rep["sensitivity"], rep.get("alpha", 2.0), rep["delta"]
+    # The share of delta the local-DP figure has (a walk without a cap keeps delta/3 for its
+    # count of contributions).
+    delta = float(ldp.get("delta_view", delta))
 
     def ldp_eps(s: float) -> float:
         # Local DP in the conversion the report's local DP uses.

@@ -191,7 +191,8 @@ def ldp_baseline(plan: wk.WalkPlan, method: str = "exact") -> dict:
     its theorems, in the RDP conversion). Off the ring this is also the plan's ``exact`` loss:
     every contribution carries its own noise, so no walk and no view of it (of one observer or
     of a coalition) can cost more than each contribution seen on its own."""
-    return _ldp_loss(plan, method).entry(contributions=contributions_bound(plan))
+    extra = {} if count_is_certain(plan) else {"delta_view": plan.delta * 2.0 / 3.0}
+    return _ldp_loss(plan, method).entry(contributions=contributions_bound(plan), **extra)
 
 
 def paper_eps(plan: wk.WalkPlan, *, sender_known: bool = True) -> tuple[np.ndarray, dict]:
