@@ -372,7 +372,8 @@ def plan_report(cfg: Config, plan: wk.WalkPlan, *, source: int | None, method: s
                     {"observer": v, **per[v][source]} for v in obs if v != source
                 ]
             guarantee = ldp_baseline(plan, "exact")
-            cells = {key: _loss_entry(guarantee) for key in cells}
+            share = {k: guarantee[k] for k in ("delta_view",) if k in guarantee}
+            cells = {key: {**_loss_entry(guarantee), **share} for key in cells}
     if not plan.ring or plan.protocol == "ring-histogram":
         base["hidden_sender"] = {
             "note": "the paper's bound if the receiver did not learn who sent it the token "
