@@ -245,3 +245,67 @@ class StepTriggers:
 
     def never_fired(self) -> list[Fault]:
         return list(self.pending)
+
+
+def last_steps(results: dict, *, global_steps: bool) -> dict[int, int | None]:
+    """The last step each node reached, from its result (None: no result). ``global_steps``
+    (token walks): the step is the walks' hop count, so every node gets the last step any walk
+    reached, as far as the results that exist say."""
+    own: dict[int, int | None] = {}
+    walk_end: int | None = None
+    for v, res in results.items():
+        if not isinstance(res, dict):
+            own[v] = None
+            continue
+        s = res.get("steps")
+        own[v] = int(s) if isinstance(s, int) and not isinstance(s, bool) else None
+        ended = (res.get("walks") or {}).get("ended") or {}
+        for e in ended.values() if isinstance(ended, dict) else ():
+            step = e.get("step") if isinstance(e, dict) else None
+            if isinstance(step, int) and not isinstance(step, bool):
+                walk_end = step if walk_end is None else max(walk_end, step)
+    if global_steps:
+        return {v: walk_end for v in own}
+    return own
+
+
+def not_applied(
+    fp: FaultPlan,
+    *,
+    launcher_pending: list[Fault],
+    nan_sent: dict[int, set[int]],
+    reached: dict[int, int | None],
+    global_steps: bool,
+) -> list[dict]:
+    """The declared node faults that never took effect, each ``{"spec", "fault", "node",
+    "step", "reason"}``: a kill/stop/cut/heal whose step no report reached (``launcher_pending``,
+    from :class:`StepTriggers`), a ``nan:N@S`` that node N never applied (``nan_sent``: the steps
+    each node did send as NaN), with why, from the last step each node reached (``reached``,
+    :func:`last_steps`)."""
+    out = []
+    pending = {f.spec for f in launcher_pending}
+    for f in fp.at_steps():
+        if f.kind == "nan":
+            if f.step in nan_sent.get(f.node, set()):
+                continue
+        elif f.spec not in pending:
+            continue
+        out.append(
+            {"spec": f.spec, "fault": f.kind, "node": f.node, "step": f.step,
+             "reason": _why_not(f, reached.get(f.node), global_steps)}
+        )  # fmt: skip
+    return out
+
+
+def _why_not(f: Fault, last: int | None, global_steps: bool) -> str:
+    who = "the walks" if global_steps else f"node {f.node}"
+    if last is None:
+        if global_steps:
+            return f"no result says the walks reached step {f.step}"
+        return f"node {f.node} wrote no result: nothing says it reached step {f.step}"
+    if last < f.step:
+        return f"the run ended first: {who} ended at step {last}, before step {f.step}"
+    if f.kind == "nan":
+        tail = " (the token was not at that node then)" if global_steps else ""
+        return f"node {f.node} sent no value or token at step {f.step}{tail}"
+    return f"no progress report of step {f.step} reached the launcher before {who} ended"

@@ -2,7 +2,7 @@
 
 A command opens :func:`reporting` around its work; deep loops call :func:`tick` and know nothing
 of where (or whether) it is shown. Nothing is written unless the stream is a terminal (or
-``enabled=True``), so piped output and JSON stay clean, and lines are rewritten in place at most
+``enabled=True``, or ``CFREE_PROGRESS=1`` in the environment), so piped output and JSON stay clean, and lines are rewritten in place at most
 every ``every_s`` seconds.
 """
 
@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import sys
 import time
 from collections.abc import Iterator
 from typing import TextIO
 
-__all__ = ["reporting", "tick"]
+__all__ = ["PROGRESS_ENV", "reporting", "tick"]
+
+#: The environment variable that shows progress on a stream that is not a terminal (``1``).
+PROGRESS_ENV = "CFREE_PROGRESS"
 
 
 class _Reporter:
@@ -54,10 +58,13 @@ def reporting(
     enabled: bool | None = None,
 ) -> Iterator[None]:
     """Show the :func:`tick` calls made inside the block on ``stream`` (default stderr), when
-    it is a terminal or ``enabled`` is True; the line is cleared at the end."""
+    it is a terminal, ``enabled`` is True or the environment sets ``CFREE_PROGRESS=1``; the line
+    is cleared at the end."""
     stream = sys.stderr if stream is None else stream
     if enabled is None:
-        enabled = bool(getattr(stream, "isatty", lambda: False)())
+        enabled = os.environ.get(PROGRESS_ENV) == "1" or bool(
+            getattr(stream, "isatty", lambda: False)()
+        )
     if not enabled:
         yield
         return

@@ -120,8 +120,10 @@ def test_exact_entries_are_the_gaussian_profile(example, overrides, source):
     assert distinct, "no view depends on the source"
     for key in _spread(sorted(distinct), PER_PLAN):
         e = distinct[key]
-        _check_against_pld(e["eps"], sens * math.sqrt(e["factor"]), sigma, delta)
-        _checked.append((example, e["factor"], delta))
+        # a walk without a cap gives the view 2 delta/3 (delta_view): its profile is there
+        d = e.get("delta_view", delta)
+        _check_against_pld(e["eps"], sens * math.sqrt(e["factor"]), sigma, d)
+        _checked.append((example, e["factor"], d))
 
 
 @pytest.mark.parametrize(

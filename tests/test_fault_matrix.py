@@ -8,7 +8,8 @@ SILENCE_DEADLINES deadlines), writes the run directory and checks:
 * the run ends by itself within a bound of the fault-free run plus a few deadlines;
 * every node has a named outcome (finished, crashed, never-started);
 * every declared fault took effect, by what it leaves behind (MAY_NOT_FIRE lists the cells
-  where it legitimately may not, and why), and the verdict names the node a fault is aimed
+  where it legitimately may not, and why), a node fault that did not is reported as not
+  applied with the reason (and one that did is not), and the verdict names the node a fault is aimed
   at; a run that did not complete as planned is never reported as if it had;
 * the auditor returns (never raises) and, whenever it reports an integrity finding, no loss is
   below the plan's; estimates stay finite (a NaN from a neighbour is refused);
@@ -22,12 +23,13 @@ import pytest
 from memcases import ALL as MEMNET_ALL
 from memcases import DEADLINE, EX
 
-from coordinator_free import config, verdict
+from coordinator_free import config, faults, verdict
 from coordinator_free.accounting.audit import audit_run
 from coordinator_free.engine.events import SILENCE_DEADLINES
 from coordinator_free.engine.memnet import Faults
 from coordinator_free.errors import ConfigError
 from coordinator_free.families import family_of
+from coordinator_free.faults import NODE_KINDS
 from coordinator_free.inmemory import run_config
 from tests.memrun import write_run_dir
 
@@ -157,8 +159,18 @@ def test_fault_matrix_cell(name, kind, tmp_path):
         plan, verdict.read_results(out, plan.n), failed, walks=fam.walks(cfg)
     )
     fired = _fired(run, kind, name)
+    # Every declared node fault either took effect or is reported as not applied, with why.
+    listed = {x["spec"]: x for x in run.not_applied}
+    for spec in _specs(kind, name):
+        if spec.split(":")[0] in NODE_KINDS:
+            assert (spec in listed) != _took_effect(run, spec), (spec, run.not_applied)
+            if spec in listed:
+                assert listed[spec]["reason"], listed[spec]
     if (name, kind) in MAY_NOT_FIRE:
-        pass  # MAY_NOT_FIRE says why it may not have fired, and why nothing need be named
+        # MAY_NOT_FIRE says why it may not have fired, and why nothing need be named; one that
+        # did not fire is reported as not applied (checked above).
+        if not fired and kind in NAMED:
+            assert any(x["node"] == TARGET for x in run.not_applied), run.not_applied
     else:
         assert fired, f"{kind} never took effect in {name}: {run.injected}"
         if kind in NAMED:
@@ -252,6 +264,18 @@ def _fired(run, kind: str, name: str) -> bool:
             for k, f in log
         )
     return False
+
+
+def _took_effect(run, spec: str) -> bool:
+    """Whether the declared node fault ``spec`` fired: the launcher's kinds by their injected
+    record, ``nan:N@S`` by a NaN node N sent at step S."""
+    f = faults.parse(spec)
+    if f.kind == "nan":
+        return any(
+            i["fault"] == "nan" and i["node"] == f.node and i["step"] == f.step
+            for i in run.injected
+        )
+    return any(i.get("spec") == spec for i in run.injected)
 
 
 def _names_target(problem: dict) -> bool:

@@ -131,3 +131,31 @@ def test_the_run_progress_line_names_whom_it_waits_for_and_since_when() -> None:
     d.update({"event": "finished", "node": 0})
     d.update({"event": "exited", "node": 0})
     assert d.gone() == [1]  # a node that finished and exited is not "gone"
+
+
+def test_the_audit_of_a_run_shows_its_progress_with_the_environment_variable(
+    tmp_path, monkeypatch, capsys
+):
+    """Not a terminal, but CFREE_PROGRESS=1: the audit says what it is doing (the logs it
+    reads, the observers whose losses it computes), on stderr only, and clears the line."""
+    from memcases import ALL, DEADLINE
+
+    from coordinator_free import config
+    from coordinator_free.accounting.audit import audit_run
+    from coordinator_free.inmemory import run_config
+    from tests.memrun import write_run_dir
+
+    path, sets = ALL["dsgd"]
+    cfg = config.load(path, [*sets, f"network.deadline_s={DEADLINE}"])
+    out = write_run_dir(cfg, run_config(cfg, seed=3), tmp_path / "run")
+    capsys.readouterr()
+    monkeypatch.setenv("CFREE_PROGRESS", "1")
+    rep = audit_run(out)
+    cap = capsys.readouterr()
+    assert cap.out == ""
+    assert "audit: reading view log 0/6" in cap.err
+    assert "audit: paper loss, observer 12/12" in cap.err  # the last tick is always shown
+    assert cap.err.endswith("\r\x1b[K")
+    monkeypatch.delenv("CFREE_PROGRESS")
+    assert audit_run(out)["observers"] == rep["observers"]
+    assert capsys.readouterr().err == ""

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from coordinator_free import config as config_mod
-from coordinator_free import graphs, rundir
+from coordinator_free import graphs, progress, rundir
 from coordinator_free.accounting import baseline
 from coordinator_free.accounting.core import (  # noqa: F401  (the accounting API in one place)
     BUDGETS,
@@ -85,7 +85,9 @@ def audit_run(run_dir: str | Path, *, observers: list[int] | None = None) -> dic
     extra: list[dict] = []
     faults = read_faults(run_dir, extra)
     try:
-        rep = fam.audit(run_dir, cfg, plan, observers)
+        # Progress of a long audit on stderr, on a terminal (or with CFREE_PROGRESS=1).
+        with progress.reporting("audit"):
+            rep = fam.audit(run_dir, cfg, plan, observers)
         failed = None
     except Exception as exc:  # a damaged log must not stop the audit: the plan stands in
         failed = f"{type(exc).__name__}: {exc}"
@@ -524,6 +526,9 @@ def against_ldp(rep: dict, target_eps: float) -> dict:
         return rep
     factor = float(ldp["factor"])
     sens, alpha, delta = rep["sensitivity"], rep.get("alpha", 2.0), rep["delta"]
+    # The share of delta the local-DP figure has (a walk without a cap keeps delta/3 for its
+    # count of contributions).
+    delta = float(ldp.get("delta_view", delta))
 
     def ldp_eps(s: float) -> float:
         # Local DP in the conversion the report's local DP uses.

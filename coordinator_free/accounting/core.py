@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coordinator_free import rundir
+from coordinator_free import progress, rundir
 from coordinator_free.accounting.loss import Units
 from coordinator_free.errors import AuditError
 from coordinator_free.viewlog import read_viewlog
@@ -57,6 +57,7 @@ def read_logs(run_dir: Path, plan, integrity: list[dict]) -> dict:
     expected_params = plan.public_params()
     logs = {}
     for v in range(plan.n):
+        progress.tick(v, plan.n, "reading view log")
         path = rundir.log_path(run_dir, v)
         if not path.exists():
             integrity.append(
@@ -453,7 +454,8 @@ def scan_exchanges(logs: dict, plan, integrity: list[dict], digest) -> ExchangeS
     sends: dict[tuple[int, int, int], str | None] = {}  # (step, sender, receiver) -> digest
     recvs: dict[tuple[int, int, int], str] = {}
     missed: dict[int, set[tuple[int, int]]] = {}
-    for v, vl in logs.items():
+    for i, (v, vl) in enumerate(logs.items()):
+        progress.tick(i, len(logs), "checking the exchanges of log")
         node = _read_exchanges(v, vl.records, plan, sends, recvs, integrity, digest)
         if node.finished:
             finished_nodes.add(v)

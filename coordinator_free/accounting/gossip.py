@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coordinator_free import graphs
+from coordinator_free import graphs, progress
 from coordinator_free.accounting import loss, summary
 from coordinator_free.accounting.core import (
     METHODS,
@@ -285,7 +285,8 @@ def audit_run(views: Views, run_dir: Path, cfg, plan, observers: list[int] | Non
     notes: list[dict] = []
     for i, v in enumerate(wanted):
         per_method = {}
-        for m in METHODS:
+        for k, m in enumerate(METHODS):
+            progress.tick(i * len(METHODS) + k, len(wanted) * len(METHODS), f"{m} loss, observer")
             if use_plan:
                 per_method[m] = factors[m][i]
             else:
@@ -310,6 +311,7 @@ def audit_run(views: Views, run_dir: Path, cfg, plan, observers: list[int] | Non
                     }
                 )
         out_obs.append({"observer": v, "losses": losses})
+    progress.tick(len(wanted) * len(METHODS), len(wanted) * len(METHODS), "paper loss, observer")
     return {
         "run_dir": str(run_dir),
         "protocol": cfg.protocol.name,

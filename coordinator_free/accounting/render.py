@@ -244,6 +244,14 @@ def print_faults(rep: dict) -> None:
             )
             detail = f": {f['detail']}" if f.get("detail") else ""
             print(f"  {f['fault']} ({', '.join(where)}){detail}")
+        never = faults.get("not_applied") or []
+        if isinstance(never, list) and never:
+            print(f"faults never applied ({len(never)}):")
+            for f in never:
+                if isinstance(f, dict):
+                    print(f"  {f.get('spec')}: {f.get('reason')}")
+                else:  # a run directory written before the reasons were recorded
+                    print(f"  {f}")
     seen = []
     if realised:
         seen.append(f"{realised.get('missed', 0)} value(s) missed")

@@ -132,15 +132,20 @@ def _emit(args, report: dict, printer) -> int:
     return 0
 
 
-async def _cancel_on_sigterm(coro):
+async def _cancel_on_sigterm(coro, after=None):
     """SIGTERM ends the run like Ctrl-C: the main task is cancelled (so the launcher stops every
-    peer it started) and the command ends as interrupted."""
+    peer it started) and the command ends as interrupted. ``after``: an :class:`AfterPeers`
+    whose ``peers_done()`` says every peer has finished; a SIGTERM then is only noted there
+    (the launcher collects the exits, the command writes its summary and ends cleanly)."""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     terminated = False
 
     def on_term() -> None:
         nonlocal terminated
+        if after is not None and after.peers_done():
+            after.terminated = True
+            return
         terminated = True
         task.cancel()
 
@@ -153,3 +158,49 @@ async def _cancel_on_sigterm(coro):
         raise
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
+
+
+class Terminated(Exception):
+    """SIGTERM arrived while :class:`AfterPeers` lets it interrupt (the audit)."""
+
+
+class AfterPeers:
+    """SIGTERM once every peer has finished is a clean exit, not a kill (rc -15, no message,
+    an audit.json without its summary.json). While the summary is put together it is only
+    noted; during the audit (``with term.interruptible():``) it raises :class:`Terminated`, so
+    the command can still write summary.json (without the audit) and end as usual."""
+
+    def __init__(self, peers_done=lambda: True) -> None:
+        self.peers_done = peers_done
+        self.terminated = False
+        self._raising = False
+        self._old = None
+
+    def _on_term(self, signum, frame) -> None:
+        self.terminated = True
+        if self._raising:
+            self._raising = False
+            raise Terminated
+
+    def __enter__(self) -> AfterPeers:
+        self._old = signal.signal(signal.SIGTERM, self._on_term)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        signal.signal(signal.SIGTERM, self._old if self._old is not None else signal.SIG_DFL)
+
+    def interruptible(self):
+        """A context in which SIGTERM raises :class:`Terminated` (at once if one came before)."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def ctx():
+            if self.terminated:
+                raise Terminated
+            self._raising = True
+            try:
+                yield
+            finally:
+                self._raising = False
+
+        return ctx()

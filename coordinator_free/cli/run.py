@@ -14,7 +14,13 @@ from pathlib import Path
 
 from coordinator_free import config as config_mod
 from coordinator_free import rundir
-from coordinator_free.cli.common import _cancel_on_sigterm, add_config_args, examples
+from coordinator_free.cli.common import (
+    AfterPeers,
+    Terminated,
+    _cancel_on_sigterm,
+    add_config_args,
+    examples,
+)
 from coordinator_free.families import family_of
 
 
@@ -121,7 +127,7 @@ def conclude(cfg, plan, out: Path, run, schedule) -> tuple[dict, list]:
                 any((inj.get("link") or {}).values()) or inj.get("nan") or inj.get("signals")
             ):
                 peers[v] = inj
-        faults_doc = schedule.record(out, peers)
+        faults_doc = schedule.record(out, peers, results)
     failed = [
         {"node": o.node, "returncode": o.returncode, "error": o.error, "step": o.steps_done}
         for o in run.failed
@@ -209,9 +215,8 @@ def print_problems(command: str, summary: dict) -> None:
         fired = ", ".join(_fired(f) for f in faults_doc["injected"] if "spec" in f)
         if fired:
             print(f"{command}: injected {fired}", file=sys.stderr)
-        for spec in faults_doc["not_applied"]:
-            print(f"{command}: --fault {spec} never applied (its step was not reached)",
-                  file=sys.stderr)  # fmt: skip
+        for f in faults_doc["not_applied"]:
+            print(f"{command}: --fault {f['spec']} never applied: {f['reason']}", file=sys.stderr)
         for e in faults_doc["errors"]:
             print(f"{command}: fault injection failed: {e}", file=sys.stderr)
     if problems:
@@ -253,21 +258,35 @@ def cmd_run(args) -> int:
     if not family.has_peers(cfg):
         return _run_central(args, cfg, out)
     schedule = fault_schedule(cfg, announce=not args.quiet)
+    term = AfterPeers(peers_done=lambda: len(schedule.finished) >= plan.n)
     with note_interruption("cfree run", out):
         run = asyncio.run(
             _cancel_on_sigterm(
                 local.launch_peers(
                     cfg, out, show_progress=not args.quiet, on_event=schedule, spawn=args.spawn
-                )
+                ),
+                after=term,
             )
         )
-    summary, finished = conclude(cfg, plan, out, run, schedule)
-    audit = save_summary(args, out, summary, finished)
-    if args.json:
-        print(json.dumps(summary, indent=1))
-    else:
-        family.print_summary(summary, audit)
-    print_problems("cfree run", summary)
+    with term:
+        summary, finished = conclude(cfg, plan, out, run, schedule)
+        try:
+            with term.interruptible():
+                audit = save_summary(args, out, summary, finished)
+        except Terminated:
+            audit = None
+            summary["audit"] = {
+                "skipped": "SIGTERM after the peers finished",
+                "command": f"cfree audit {out}",
+            }
+            rundir.write_json(rundir.summary_path(out), summary)
+            print(f"cfree run: SIGTERM after the peers finished: summary.json written without "
+                  f"the audit (cfree audit {out} makes it)", file=sys.stderr)  # fmt: skip
+        if args.json:
+            print(json.dumps(summary, indent=1))
+        else:
+            family.print_summary(summary, audit)
+        print_problems("cfree run", summary)
     return 1 if summary["problems"] else 0
 
 

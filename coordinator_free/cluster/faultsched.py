@@ -9,7 +9,7 @@ host's cable) or, on loopback, send the peer SIGUSR1 / SIGUSR2, on which its tra
 unblocks every neighbour (no frame passes either way, as with a pulled cable).
 
 Everything that fired is kept in ``injected`` (what, to whom, at which reported step, how long
-into the run), what never fired in ``never_fired()``, failures in ``errors``; the launcher
+into the run), what never took effect (and why) in ``not_applied()``, failures in ``errors``; the launcher
 writes them to the run directory's ``faults.json``.
 """
 
@@ -22,6 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from coordinator_free import faults as faults_mod
 from coordinator_free import rundir
 from coordinator_free.faults import FaultPlan, StepTriggers
 
@@ -42,8 +43,11 @@ class FaultSchedule:
         on_fired: Callable[[str, int], None] | None = None,
     ):
         self.triggers = StepTriggers.of(fp, ("kill", "stop", "cut", "heal"), global_steps)
+        self.plan = fp
+        self.global_steps = global_steps
         self.declared = fp.specs
         self.pids: dict[int, int] = {}
+        self.finished: set[int] = set()  # the peers that reported they finished
         self.injected: list[dict] = []
         self.errors: list[str] = []
         self.announce = announce
@@ -60,6 +64,8 @@ class FaultSchedule:
 
     def __call__(self, node: int, ev: dict, pid: int) -> None:
         self.pids.setdefault(node, pid)
+        if ev.get("event") == "finished":
+            self.finished.add(node)
         for fault in self.triggers.fire(node, ev):
             self._apply(fault, node, ev)
 
@@ -111,14 +117,36 @@ class FaultSchedule:
     def never_fired(self) -> list[str]:
         return [f.spec for f in self.triggers.never_fired()]
 
-    def record(self, out_dir, peer_injected: dict[int, dict] | None = None) -> dict:
+    def not_applied(self, peer_injected: dict[int, dict], results: dict) -> list[dict]:
+        """The declared node faults that never took effect, with why (see
+        :func:`coordinator_free.faults.not_applied`): the launcher's that no report reached, and
+        the ``nan`` ones no peer says it applied."""
+        nan_sent: dict[int, set[int]] = {}
+        for v, inj in peer_injected.items():
+            for x in (inj or {}).get("nan") or []:
+                if isinstance(x, dict) and isinstance(x.get("step"), int):
+                    nan_sent.setdefault(v, set()).add(x["step"])
+        return faults_mod.not_applied(
+            self.plan,
+            launcher_pending=self.triggers.never_fired(),
+            nan_sent=nan_sent,
+            reached=faults_mod.last_steps(results, global_steps=self.global_steps),
+            global_steps=self.global_steps,
+        )
+
+    def record(
+        self, out_dir, peer_injected: dict[int, dict] | None = None, results: dict | None = None
+    ) -> dict:
         """What faults.json holds: the declared faults, what the launcher injected and when,
-        what each peer's transport injected (counts), what never fired, errors."""
+        what each peer's transport injected (counts), what never took effect and why (each
+        ``{"spec", "fault", "node", "step", "reason"}``; ``results``: every node's result,
+        None where it has none), errors."""
+        peer_injected = peer_injected or {}
         doc = {
             "declared": self.declared,
             "injected": self.injected,
-            "peers": {str(v): x for v, x in sorted((peer_injected or {}).items()) if x},
-            "not_applied": self.never_fired(),
+            "peers": {str(v): x for v, x in sorted(peer_injected.items()) if x},
+            "not_applied": self.not_applied(peer_injected, results or {}),
             "errors": self.errors,
         }
         rundir.write_json(rundir.faults_path(out_dir), doc)

@@ -27,6 +27,10 @@ Faults (:class:`Faults`), all deterministic from the seed:
   ``corrupt``: a frame fails authentication at its receiver, both ends see the channel drop
   and it comes back ``redial`` seconds later; ``drop``, ``duplicate``, ``delay`` as above.
 
+A node fault that never takes effect (its step was not reached, or a ``nan`` node sent nothing
+at its step) is listed in :attr:`MemRun.not_applied` with the reason, as a launcher lists it in
+``faults.json``.
+
 A node that finishes closes its channels, as a peer does: its neighbours see them go down after
 every message it sent has arrived.
 """
@@ -56,7 +60,15 @@ from coordinator_free.engine.events import (
     Progress,
     Send,
 )
-from coordinator_free.faults import Fault, FaultPlan, StepTriggers, nan_message
+from coordinator_free.faults import (
+    NODE_KINDS,
+    Fault,
+    FaultPlan,
+    StepTriggers,
+    last_steps,
+    nan_message,
+    not_applied,
+)
 from coordinator_free.net.wire import decode_message, encode_message
 
 
@@ -115,6 +127,8 @@ class MemRun:
     end_time: float
     streams: Any = None
     injected: list[dict] = field(default_factory=list)  # declared faults as they fired
+    # declared node faults that never took effect, with why (faults.not_applied)
+    not_applied: list[dict] = field(default_factory=list)
 
     def records(self, node: int, kind: str) -> list[dict]:
         return [f for k, f in self.logs[node] if k == kind]
@@ -161,8 +175,12 @@ class MemNet:
         # Node faults fired by progress reports: the declared ones, and crash_at_step (a kill).
         kills = [Fault("kill", v, k) for v, k in sorted(self.f.crash_at_step.items())]
         declared = self.f.declared.faults if self.f.declared is not None else ()
+        nans = [Fault("nan", v, k) for v, ks in sorted(self.f.nan.items()) for k in sorted(ks)]
+        self.node_faults = FaultPlan(
+            tuple({f.spec: f for f in (*declared, *kills, *nans) if f.kind in NODE_KINDS}.values())
+        )
         self.triggers = StepTriggers.of(
-            FaultPlan((*declared, *kills)), ("kill", "stop", "cut", "heal"), self.f.global_steps
+            self.node_faults, ("kill", "stop", "cut", "heal"), self.f.global_steps
         )
 
     # ------------------------------------------------------------------ scheduling
@@ -245,6 +263,21 @@ class MemNet:
             outcome=self.outcome,
             end_time=self.last_activity,
             injected=self.injected,
+            not_applied=self._not_applied(),
+        )
+
+    def _not_applied(self) -> list[dict]:
+        """The node faults that never took effect, with why, as a launcher reports them."""
+        nan_sent: dict[int, set[int]] = {}
+        for i in self.injected:
+            if i["fault"] == "nan":
+                nan_sent.setdefault(i["node"], set()).add(i["step"])
+        return not_applied(
+            self.node_faults,
+            launcher_pending=self.triggers.never_fired(),
+            nan_sent=nan_sent,
+            reached=last_steps(self.results, global_steps=self.f.global_steps),
+            global_steps=self.f.global_steps,
         )
 
     def _feed(self, v: int, event: NetEvent | None) -> None:

@@ -15,6 +15,7 @@ a deadline: a run always ends, with results or a clear error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -427,8 +428,23 @@ def listen_socket(spec: str) -> socket.socket:
     return s
 
 
+#: The exit code of a peer ended by SIGINT (128 + 2, as a shell reports it).
+INTERRUPTED_EXIT = 130
+
+
 def peer_main(args) -> int:
-    """Entry point of ``cfree peer``."""
+    """Entry point of ``cfree peer``. Ctrl-C (SIGINT, which reaches every peer of a launcher's
+    process group) ends the peer quietly: the node's task is cancelled, its channels and view
+    log closed, one line on stderr and exit code 130, never a traceback."""
+    try:
+        return _peer_main(args)
+    except KeyboardInterrupt:
+        with contextlib.suppress(BaseException):
+            print(f"cfree peer: node {args.id} interrupted (SIGINT)", file=sys.stderr)
+        return INTERRUPTED_EXIT
+
+
+def _peer_main(args) -> int:
     from coordinator_free import config as config_mod
 
     logging.basicConfig(

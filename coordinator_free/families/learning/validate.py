@@ -142,8 +142,8 @@ def dataset_needs(cfg, s: str, n: int) -> tuple[list[Need], int]:
 
 def learning_needs(cfg, s: str) -> list[Need]:
     """What a learning plan allocates: the graph and its dense matrices (per round with
-    graph.resample), the dataset, and every node's model after every round (the simulator
-    keeps them all, twice)."""
+    graph.resample), the dataset, the multi-round accountant's matrices (gossip learning) and
+    every node's model after every round (the simulator keeps them all, twice)."""
     n, edges = graph_size(cfg, s)
     pr = cfg.protocol
     decor = cfg.family.correlated_noise
@@ -162,6 +162,8 @@ def learning_needs(cfg, s: str) -> list[Need]:
         )
     data, dim = dataset_needs(cfg, s, n)
     needs += data
+    if not decor and pr.name != "central-dp":
+        needs.append(multiround_need(cfg, n))
     needs.append(
         Need(
             16.0 * (pr.rounds + 1) * n * dim,
@@ -170,3 +172,18 @@ def learning_needs(cfg, s: str) -> list[Need]:
         )
     )
     return needs
+
+
+def multiround_need(cfg, n: int) -> Need:
+    """The joint multi-round accountant of one observer (privacy/multiround.py, the Kalman
+    path), what a plan or an audit of muffliato-gd/sgd or dsgd holds at once: the n x R x R
+    information matrices Q (8 n R^2 bytes, the term that grows fastest), an R x R
+    eigendecomposition workspace, and per round its D x D transition, closed loop and backward
+    information and D x n sensitivities (D <= n)."""
+    R = cfg.protocol.rounds
+    nbytes = 8.0 * n * R**2 + 24.0 * R**2 + 8.0 * 4 * R * n**2
+    return Need(
+        nbytes,
+        f"protocol.rounds = {R}, {graph_keys(cfg.graph, n)}",
+        f"the multi-round accountant's {n} x {R} x {R} information matrices of one observer",
+    )

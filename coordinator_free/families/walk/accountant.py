@@ -163,17 +163,36 @@ def contributions_bound(plan: wk.WalkPlan) -> float:
     return acct.contribution_bound(plan.n, plan.hops * plan.tokens, plan.delta / 3)[0]
 
 
+def count_is_certain(plan: wk.WalkPlan) -> bool:
+    """Whether :func:`contributions_bound` holds for every walk (the ring's fixed walk, or a
+    cap); otherwise it holds except with probability delta/3 over the walk."""
+    return bool(plan.ring or plan.cap)
+
+
+def _ldp_loss(plan: wk.WalkPlan, method: str = "exact") -> loss.Loss:
+    """The loss of :func:`ldp_baseline`. Where the count of contributions is a high-probability
+    bound (no cap off the ring: exceeded with probability at most delta/3 over the walk, whose
+    randomness is independent of the data), the view is given the rest of delta (2 delta/3), so
+    the figure is an (eps, delta) guarantee over the walk's randomness."""
+    N = contributions_bound(plan)
+    delta = plan.delta if count_is_certain(plan) else plan.delta * 2.0 / 3.0
+    if plan.kind == "histogram":
+        k = max(1, int(np.ceil(N)))
+        return loss.eps_only(min(k * plan.eps0, acct.advanced_composition(plan.eps0, k, delta)))
+    u = loss.Units(alpha=plan.alpha, delta=delta, sensitivity=plan.sensitivity, sigma=plan.sigma)
+    if method == "exact" and plan.kind == "sum":
+        return u.gaussian(N)
+    return u.rdp_bound(N)
+
+
 def ldp_baseline(plan: wk.WalkPlan, method: str = "exact") -> dict:
     """What every node's contributions would cost if every observer saw each of them: in the
     conversion of the method's Gaussian figures (a ``paper`` report states local DP, the cap of
-    its theorems, in the RDP conversion)."""
-    N = contributions_bound(plan)
-    if plan.kind == "histogram":
-        k = max(1, int(np.ceil(N)))
-        eps = min(k * plan.eps0, acct.advanced_composition(plan.eps0, k, plan.delta))
-        return loss.eps_only(eps).entry(contributions=N)
-    convert = converter(plan) if method == "exact" else units_of(plan).rdp_bound
-    return convert(N).entry(contributions=N)
+    its theorems, in the RDP conversion). Off the ring this is also the plan's ``exact`` loss:
+    every contribution carries its own noise, so no walk and no view of it (of one observer or
+    of a coalition) can cost more than each contribution seen on its own."""
+    extra = {} if count_is_certain(plan) else {"delta_view": plan.delta * 2.0 / 3.0}
+    return _ldp_loss(plan, method).entry(contributions=contributions_bound(plan), **extra)
 
 
 def paper_eps(plan: wk.WalkPlan, *, sender_known: bool = True) -> tuple[np.ndarray, dict]:
@@ -226,10 +245,23 @@ def accounting_note(plan: wk.WalkPlan, *, planned: bool) -> str:
         "(Feldman-McMillan-Talwar, composed over windows)",
     }[plan.kind]
     if planned and not plan.ring:
+        exact = (
+            "'exact' is a guarantee for every walk the protocol can take: the local-DP loss of "
+            "all of a source's contributions, each seen on its own (every contribution carries "
+            "its own noise)"
+            + (
+                ""
+                if count_is_certain(plan)
+                else "; the count of contributions is the binomial bound exceeded with "
+                "probability <= delta/3 over the walk, the view gets 2 delta/3"
+            )
+            + f"; typical_walk shows what ONE walk sampled from the public run seed gives ({exact})"
+        )
+    elif not plan.ring:
         exact += (
-            "; cfree plan shows it for ONE walk sampled from the public run seed (what a run "
-            "typically gets, not a guarantee: a run's own walk is secret, its audit is the "
-            "guarantee)"
+            "; the audit conditions on the walk the run really took (its hops drawn from "
+            "randomness independent of the data, as the logs show it): what this run's walk "
+            "cost, at most the plan's guarantee"
         )
     paper = {
         "ring-sum": "Theorem 1 (advanced composition over the K windows)",
@@ -327,6 +359,21 @@ def plan_report(cfg: Config, plan: wk.WalkPlan, *, source: int | None, method: s
         obs = range(plan.n)
         per = exact_losses(plan, walks, obs)
         cells = {(v, src): per[v][src] for v in obs for src in range(plan.n)}
+        if not plan.ring:
+            typical = np.array([[per[v][u]["eps"] for u in range(plan.n)] for v in obs])
+            base["typical_walk"] = {
+                "note": "the 'exact' loss of ONE walk sampled from the public run seed, "
+                "conditional on that walk: what a run typically gets, not a guarantee (a run's "
+                "walk is its own; 'exact' above holds for every walk)",
+                **summary.eps_stats(typical),
+            }
+            if source is not None and 0 <= source < plan.n:
+                base["typical_walk"]["losses"] = [
+                    {"observer": v, **per[v][source]} for v in obs if v != source
+                ]
+            guarantee = ldp_baseline(plan, "exact")
+            share = {k: guarantee[k] for k in ("delta_view",) if k in guarantee}
+            cells = {key: {**_loss_entry(guarantee), **share} for key in cells}
     if not plan.ring or plan.protocol == "ring-histogram":
         base["hidden_sender"] = {
             "note": "the paper's bound if the receiver did not learn who sent it the token "
@@ -343,11 +390,20 @@ def plan_report(cfg: Config, plan: wk.WalkPlan, *, source: int | None, method: s
             if v != source
         ]
         return {**base, "source": source, "losses": losses}
+    # Off the ring the entries are the guarantee: its mean is in the guarantee's conversion.
+    convert = converter(plan) if plan.ring or method == "paper" else guarantee_converter(plan)
     return {
         **base,
         "source": None,
-        **summary.of_entries(cells, plan.n, dist, base["ldp"]["eps"], converter(plan)),
+        **summary.of_entries(cells, plan.n, dist, base["ldp"]["eps"], convert),
     }
+
+
+def guarantee_converter(plan: wk.WalkPlan):
+    """factor -> Loss in the conversion of :func:`_ldp_loss` (its share of delta)."""
+    delta = plan.delta if count_is_certain(plan) else plan.delta * 2.0 / 3.0
+    u = loss.Units(alpha=plan.alpha, delta=delta, sensitivity=plan.sensitivity, sigma=plan.sigma)
+    return u.gaussian if plan.kind == "sum" else u.rdp_bound
 
 
 # ------------------------------------------------------------------------------ planned and worst
@@ -355,10 +411,14 @@ def plan_report(cfg: Config, plan: wk.WalkPlan, *, source: int | None, method: s
 
 def planned_losses(cfg: Config, plan: wk.WalkPlan, observers) -> dict[int, dict]:
     """Observer -> {(source, method): loss} under the fault-free plan: exactly the entries of
-    :func:`plan_report` (``exact`` on the ring's walk or the one walk sampled from the public run
-    seed, ``paper`` the theorem)."""
+    :func:`plan_report` (``exact`` on the ring's walk, off the ring the guarantee for every
+    walk, :func:`ldp_baseline`; ``paper`` the theorem)."""
     wanted = [int(v) for v in observers]
-    exact = exact_losses(plan, sampled_walks(cfg, plan), wanted)
+    if plan.ring:
+        exact = exact_losses(plan, sampled_walks(cfg, plan), wanted)
+    else:
+        guarantee = ldp_baseline(plan, "exact")
+        exact = {v: [guarantee] * plan.n for v in wanted}
     E_paper, _ = paper_eps(plan)
     out: dict[int, dict] = {}
     for v in wanted:
@@ -893,8 +953,9 @@ def audit_run(run_dir: Path, cfg: Config, plan: wk.WalkPlan, observers=None) -> 
 
 def calibrate(cfg: Config, target_eps: float, *, method: str, budget: str) -> dict:
     """The smallest ``privacy.sigma`` whose loss meets ``target_eps`` (worst pair, or the mean
-    over pairs), for the Gaussian token protocols. ``exact``: the factors of the walk do not
-    depend on sigma (one sampled walk off the ring), so eps is a decreasing function of sigma;
+    over pairs), for the Gaussian token protocols. ``exact``: the factors of the ring's walk do
+    not depend on sigma, so eps is a decreasing function of sigma (off the ring, the guarantee
+    for every walk, the same for every pair);
     ``paper``: the theorem recomputed at every sigma. Bisection on log sigma to 1e-9."""
     import dataclasses
     import math
@@ -909,7 +970,7 @@ def calibrate(cfg: Config, target_eps: float, *, method: str, budget: str) -> di
         raise AuditError(f"--target-eps must be a positive number, got {target_eps}")
     off = ~np.eye(plan.n, dtype=bool)
     F = None
-    if method == "exact":
+    if method == "exact" and plan.ring:
         walks = sampled_walks(cfg, plan)
         F = np.stack([realised_factors(plan, walks, v) for v in range(plan.n)])
 
@@ -918,6 +979,10 @@ def calibrate(cfg: Config, target_eps: float, *, method: str, budget: str) -> di
         # eps grows with the factor, so the worst pair is the largest factor.
         # A paper theorem above local DP is not a usable bound there: local DP is.
         ldp = ldp_baseline(p, method)
+        if method == "exact" and not plan.ring:
+            # Off the ring the plan's guarantee is the same for every pair.
+            g = _ldp_loss(p, method)
+            return g.eps, g, g, ldp, (1, 0)
         M = F if F is not None else np.minimum(paper_eps(p)[0], ldp["eps"])
         v, s = argmax_tied(np.where(off, M, -np.inf))
         if F is not None:

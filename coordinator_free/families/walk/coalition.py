@@ -5,7 +5,9 @@ members pool everything they saw of the tokens and know every step any of them m
 The single-observer accountants of ``privacy.walk`` with the coalition in the observer's place:
 the coalition's observations are the union of its members' (own steps and offers seen), which
 cut each walk into windows; the steps made by members are known to it (their data and noise
-subtracted). Plan: the walks of the public seed; audit: the walks the logs show. A member whose
+subtracted). Plan: the ring's fixed walk; off the ring, the guarantee for every walk (the
+local-DP loss of all of a source's contributions, each carrying its own noise). Audit: the walks
+the logs show. A member whose
 view the logs cannot tell puts every source at the worst case (the larger of the plan and the
 local-DP loss of all its contributions); a damaged log anywhere floors each loss at the plan.
 """
@@ -72,9 +74,19 @@ def _report(cfg, plan, members, entries, notes) -> dict:
     return rep
 
 
+def planned(cfg, plan, members) -> list[dict]:
+    """The coalition's planned ``exact`` loss per source: on the ring, its view of the fixed
+    walk; off the ring, the guarantee for every walk (:func:`wa.ldp_baseline`: every
+    contribution carries its own noise, so no coalition sees more than each on its own)."""
+    if plan.ring:
+        return losses(plan, wa.sampled_walks(cfg, plan), members)
+    g = wa._loss_entry(wa.ldp_baseline(plan, "exact"))
+    return [dict(g) for _ in range(plan.n)]  # a member's own entry is never reported
+
+
 def plan_report(cfg, plan, observers) -> dict:
     members = members_of(observers, plan.n)
-    return _report(cfg, plan, members, losses(plan, wa.sampled_walks(cfg, plan), members), [])
+    return _report(cfg, plan, members, planned(cfg, plan, members), [])
 
 
 def _larger(a: dict, b: dict) -> dict:
@@ -103,11 +115,11 @@ def audit_report(run_dir: Path, cfg, plan, observers) -> dict:
         worst = wa.worst_case_losses(cfg, plan, unknown)
         walks = wa.sampled_walks(cfg, plan)
         seen_all = losses(plan, walks, members, _every_step)
-        planned = losses(plan, walks, members)
+        plan_e = planned(cfg, plan, members)
         entries = []
         for src in range(plan.n):
             cands = [wa._loss_entry(worst[a][(src, "exact")]) for a in unknown if a != src]
-            cands += [seen_all[src], planned[src]]
+            cands += [seen_all[src], plan_e[src]]
             entries.append(max(cands, key=lambda e: e["eps"]))
         basis = "worst-case"
         notes.append(
@@ -121,8 +133,8 @@ def audit_report(run_dir: Path, cfg, plan, observers) -> dict:
     else:
         basis = "logs"
         if integrity:
-            planned = losses(plan, wa.sampled_walks(cfg, plan), members)
-            floored = [_larger(e, p) for e, p in zip(entries, planned, strict=True)]
+            plan_e = planned(cfg, plan, members)
+            floored = [_larger(e, p) for e, p in zip(entries, plan_e, strict=True)]
             if any(f is not e for f, e in zip(floored, entries, strict=True)):
                 basis = "logs, floored at the plan"
             entries = floored
