@@ -30,7 +30,6 @@ be copied to the hosts). Errors name the file and the line.
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import json
 import os
@@ -39,13 +38,13 @@ import shlex
 import shutil
 import sys
 import tempfile
-import textwrap
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
 from coordinator_free import rundir
 from coordinator_free.config import portable_config
 from coordinator_free.errors import CfreeError
+from coordinator_free.helptext import HelpFormatter
 
 DEFAULT_PORT = 7000
 DEFAULT_REMOTE_DIR = "/opt/cfree/run"
@@ -817,21 +816,6 @@ def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
 # Command line
 
 
-class _HelpFormatter(argparse.HelpFormatter):
-    """Wraps each line of prose to the terminal; keeps indented lines (examples) as written."""
-
-    def _fill_text(self, text: str, width: int, indent: str) -> str:
-        out = []
-        for line in text.splitlines():
-            if not line.strip() or line[0].isspace():
-                out.append(indent + line)
-            else:
-                out.append(
-                    textwrap.fill(line, width, initial_indent=indent, subsequent_indent=indent)
-                )
-        return "\n".join(out)
-
-
 def add_parsers(sub) -> None:
     """Add ``keypair`` and ``roster`` to the ``cfree`` subcommands."""
     p = sub.add_parser(
@@ -842,7 +826,7 @@ def add_parsers(sub) -> None:
         "the line of hosts.txt that describes this host: 'HOST:PORT PUBLIC_KEY' (just the key "
         "without --address). The line is printed too. Only that line leaves the host: send it "
         "to whoever runs `cfree roster`. See docs/deploy.md.",
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
         epilog="examples:\n"
         "  cfree keypair --out /tmp/host-0 --address 192.0.2.10:7000 > /tmp/hosts.txt\n"
         "  cfree keypair --out /tmp/host-1 --address 192.0.2.11:7000 >> /tmp/hosts.txt\n"
@@ -880,7 +864,7 @@ def add_parsers(sub) -> None:
         "to copy to it: start.sh (the exact `cfree peer` command), cfree-peer-<id>.service (a "
         "systemd unit) and a README.txt naming the port to open to which neighbours. Private "
         "keys never pass through here, unless --generate-keys. See docs/deploy.md.",
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
         epilog="examples (hosts.txt: the public lines of `cfree keypair`, one per host):\n"
         "  cfree keypair --out /tmp/h0 --address 192.0.2.10:7000 > /tmp/hosts.txt\n"
         "  cfree keypair --out /tmp/h1 --address 192.0.2.11:7000 >> /tmp/hosts.txt\n"
