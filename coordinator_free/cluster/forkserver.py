@@ -18,7 +18,7 @@ object per packet; file descriptors travel with ``SCM_RIGHTS``):
                          {"exited": pid, "code": c}   (c < 0: killed by signal -c)
 
 When the launcher's end closes (it finished, or died), the server gives the children it still
-has ``grace_s`` seconds (GRACE_S, 5) to end by themselves (a peer whose launcher is gone finds its
+has ``grace_s`` seconds (60) to end by themselves (a peer whose launcher is gone finds its
 progress pipe broken, logs ``aborted`` and stops at its next step), then kills the rest and
 exits: no peer outlives its launcher by more than that.
 """
@@ -92,13 +92,7 @@ def _send(sock: socket.socket, msg: dict) -> None:
     sock.sendall(json.dumps(msg).encode())
 
 
-#: Seconds the peers of a launcher that died get to end by themselves before the server kills
-#: them (a peer that is stepping notices its broken progress pipe within a step; one waiting
-#: for a token or a neighbour may not, and a run without its launcher is over anyway).
-GRACE_S = 5.0
-
-
-def serve(sock: socket.socket, preload=PRELOAD, grace_s: float = GRACE_S) -> None:
+def serve(sock: socket.socket, preload=PRELOAD, grace_s: float = 60.0) -> None:
     """The server's loop: fork a child per request, report every child's exit, and end when the
     launcher's end of ``sock`` closes: after the children have ended, or ``grace_s`` seconds
     later, killing those still running (at once when the launcher said :data:`SHUTDOWN`)."""
@@ -314,7 +308,7 @@ class ForkServer:
         self._closed = False
 
     @classmethod
-    def start(cls, preload=PRELOAD, grace_s: float = GRACE_S) -> ForkServer:
+    def start(cls, preload=PRELOAD, grace_s: float = 60.0) -> ForkServer:
         """Start the server process; it imports ``preload`` while the caller goes on (the first
         spawn request waits in the socket until the imports are done). ``grace_s``: how long
         children may outlive the launcher's end of the channel (see the module's doc)."""
