@@ -29,6 +29,7 @@ from coordinator_free.accounting.core import (  # noqa: F401  (the accounting AP
     METHODS,
     AuditError,
     Units,
+    audit_head,
     read_logs,
     smallest_sigma,
     units_of,
@@ -436,13 +437,9 @@ def _plan_skeleton(run_dir: Path, cfg, plan, fam) -> dict:
     """The report an audit that failed falls back on: the run's public parameters and no
     realised loss (``floor`` fills in the plan's)."""
     rep = {
-        "run_dir": str(run_dir),
-        "protocol": cfg.protocol.name,
-        "alpha": plan.alpha,
-        "delta": plan.delta,
-        "n": plan.n,
-        "steps": getattr(plan, "steps", None),
-        "fault_free": False,
+        **audit_head(
+            run_dir, cfg.protocol.name, plan, steps=getattr(plan, "steps", None), fault_free=False
+        ),
         "observers": [],
         "complete": False,
         "integrity": [],

@@ -118,6 +118,20 @@ def _run_id(run_dir: Path) -> str | None:
         return None
 
 
+def audit_head(run_dir, protocol: str, plan, *, steps, fault_free: bool) -> dict:
+    """The keys every audit report starts with (the contract of audit.json): the run, the
+    protocol, the plan's order, delta and size, its steps and whether it ran fault-free."""
+    return {
+        "run_dir": str(run_dir),
+        "protocol": protocol,
+        "alpha": plan.alpha,
+        "delta": plan.delta,
+        "n": plan.n,
+        "steps": steps,
+        "fault_free": fault_free,
+    }
+
+
 def write_json(path: Path, obj: dict) -> None:
     """A report as JSON, written atomically (rundir.write_json)."""
     rundir.write_json(path, obj)

@@ -31,6 +31,7 @@ from coordinator_free.accounting import loss, summary
 from coordinator_free.accounting.core import (
     METHODS,
     AuditError,
+    audit_head,
     budget_factor,
     read_logs,
     scan_exchanges,
@@ -313,13 +314,7 @@ def audit_run(views: Views, run_dir: Path, cfg, plan, observers: list[int] | Non
         out_obs.append({"observer": v, "losses": losses})
     progress.tick(len(wanted) * len(METHODS), len(wanted) * len(METHODS), "paper loss, observer")
     return {
-        "run_dir": str(run_dir),
-        "protocol": cfg.protocol.name,
-        "alpha": plan.alpha,
-        "delta": plan.delta,
-        "n": plan.n,
-        "steps": plan.steps,
-        "fault_free": rp.fault_free,
+        **audit_head(run_dir, cfg.protocol.name, plan, steps=plan.steps, fault_free=rp.fault_free),
         "ldp": ldp_entry(views, plan),
         "accounting": views.note(plan),
         "observers": out_obs,
@@ -357,13 +352,7 @@ def central_audit(views: Views, run_dir: Path, plan, observers: list[int] | None
         for v in wanted
     ]
     return {
-        "run_dir": str(run_dir),
-        "protocol": plan.protocol,
-        "alpha": plan.alpha,
-        "delta": plan.delta,
-        "n": plan.n,
-        "steps": 0,
-        "fault_free": True,
+        **audit_head(run_dir, plan.protocol, plan, steps=0, fault_free=True),
         "ldp": ldp_entry(views, plan),
         "accounting": views.note(plan),
         "observers": out_obs,

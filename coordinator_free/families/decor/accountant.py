@@ -35,6 +35,7 @@ from coordinator_free import graphs
 from coordinator_free.accounting import loss, summary
 from coordinator_free.accounting.core import (
     AuditError,
+    audit_head,
     read_logs,
     scan_exchanges,
     units_of,
@@ -653,13 +654,7 @@ def audit_run(run_dir: Path, cfg: Config, plan, observers=None) -> dict:
     block = secldp_block(plan, rho_q, float(paper_q.max()), a_q)
     block["realised_pairs"] = _pair_summary(rr)
     return {
-        "run_dir": str(run_dir),
-        "protocol": cfg.protocol.name,
-        "alpha": plan.alpha,
-        "delta": plan.delta,
-        "n": n,
-        "steps": plan.steps,
-        "fault_free": fault_free,
+        **audit_head(run_dir, cfg.protocol.name, plan, steps=plan.steps, fault_free=fault_free),
         "ldp": ldp_baseline(plan),
         "accounting": accounting_note(plan),
         "secldp": block,

@@ -37,6 +37,7 @@ from coordinator_free.accounting import loss, summary
 from coordinator_free.accounting.core import (
     AuditError,
     argmax_tied,
+    audit_head,
     read_logs,
     smallest_sigma,
 )
@@ -930,13 +931,13 @@ def audit_run(run_dir: Path, cfg: Config, plan: wk.WalkPlan, observers=None) -> 
             }
         )
     return {
-        "run_dir": str(run_dir),
-        "protocol": plan.protocol,
-        "alpha": plan.alpha,
-        "delta": plan.delta,
-        "n": plan.n,
-        "steps": plan.hops,
-        "fault_free": rp.fault_free and not integrity,
+        **audit_head(
+            run_dir,
+            plan.protocol,
+            plan,
+            steps=plan.hops,
+            fault_free=rp.fault_free and not integrity,
+        ),
         "ldp": ldp_baseline(plan),
         "accounting": accounting_note(plan, planned=False),
         "walks": walks_out,
