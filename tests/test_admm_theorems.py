@@ -327,3 +327,29 @@ def test_loss_curve_without_allowed_orders():
     assert got.eps is None and got.extra["eps_usable"] == 2.5
     with pytest.raises(ValueError, match="order"):
         loss.curve(u, lambda a: -1.0, 3.0)
+
+
+@pytest.mark.parametrize("alpha, K, L, gamma, sigma, n, m", FED)
+def test_lemma_e5_bound_is_above_the_exact_sampled_gaussian(alpha, K, L, gamma, sigma, n, m):
+    # At integer orders where the lemma's conditions hold, the exact RDP of the Poisson-sampled
+    # Gaussian (add/remove, Mironov-Talwar-Zhang Sec. 3.3) is below 2 q^2 alpha / z^2, and above
+    # the per-round figure the thesis prints.
+    q = m / n
+    z = admm.federated_noise_multiplier(L, gamma, sigma, m)
+    checked = 0
+    for a in range(2, 60):
+        if not admm.subsampled_gaussian_ok(float(a), q, z):
+            continue
+        terms = [
+            math.comb(a, k) * (1 - q) ** (a - k) * q**k * math.exp((k * k - k) / (2 * z * z))
+            for k in range(a + 1)
+        ]
+        exact = math.log(sum(terms)) / (a - 1)
+        assert exact <= 2 * q * q * a / z**2
+        # the printed Theorem 8.9 per round is below the mechanism's exact RDP: not a bound
+        printed = 16 * a * L**2 * gamma**2 / (sigma**2 * n**2)
+        assert printed < exact
+        per_round = admm.federated_central_rdp(float(a), 1, L, gamma, sigma, n, m)
+        assert per_round == pytest.approx(2 * q * q * a / z**2)
+        checked += 1
+    assert checked >= 1
