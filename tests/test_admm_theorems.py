@@ -353,3 +353,20 @@ def test_lemma_e5_bound_is_above_the_exact_sampled_gaussian(alpha, K, L, gamma, 
         assert per_round == pytest.approx(2 * q * q * a / z**2)
         checked += 1
     assert checked >= 1
+
+
+def test_linear_coefficients_feed_theorem():
+    L, g, s, n, K = 1.0, 0.1, 2.0, 16, 10
+    u = loss.Units(alpha=4.0, delta=1e-5, sensitivity=admm.sensitivity(L, g), sigma=s)
+    assert u.ldp_rho == pytest.approx(admm.local_rho(1, L, g, s))
+    f = admm.factor_of(admm.network_rho(K, L, g, s, n), L, g, s)
+    assert f == pytest.approx(2 * K * math.log(n) / (n - 1))
+    am = admm.alpha_max_conservative(s, L, g)
+    got = loss.theorem(u, f, am, cap=u.rdp_bound(K).eps)
+    assert got.extra["alpha"] <= am
+    assert got.rdp == pytest.approx(admm.network_rdp_conservative(4.0, K, L, g, s, n))
+    # the same figure through loss.curve (linear curve, same orders)
+    cur = loss.curve(u, lambda a: admm.network_rdp_conservative(a, K, L, g, s, n), am)
+    assert cur.eps == pytest.approx(got.eps, rel=1e-6)
+    with pytest.raises(ValueError, match="rho"):
+        admm.factor_of(-1.0, L, g, s)
