@@ -264,7 +264,9 @@ def test_prox_sgd_full_batch_is_proximal_gradient(sparse):
 
 
 def test_noise_gap_shrinks_with_sigma(sparse):
-    """With noise the runs stop short of the optimum, and less noise gets closer."""
+    """With noise the runs stop short of the optimum, and less noise gets closer: the gap goes
+    like sigma^2 (L = 3 is above every record's gradient norm at the optimum, 2.9, so clipping
+    adds no bias there)."""
     ds, obj, _, fstar = sparse
     X, y = ds.X_train, ds.y_train
     gaps = {}
@@ -272,11 +274,11 @@ def test_noise_gap_shrinks_with_sigma(sparse):
         g_c, g_f = [], []
         for seed in range(3):
             c = admm.central_admm(
-                obj, X, y, gamma=GAMMA, lam=LAM, clip=1.0, sigma=sigma, iterations=60,
+                obj, X, y, gamma=GAMMA, lam=LAM, clip=3.0, sigma=sigma, iterations=60,
                 rng=np.random.default_rng(seed),
             )  # fmt: skip
             f = admm.federated_admm(
-                obj, X, y, gamma=GAMMA, lam=LAM, clip=1.0, sigma=sigma, rounds=600, m=80,
+                obj, X, y, gamma=GAMMA, lam=LAM, clip=3.0, sigma=sigma, rounds=600, m=80,
                 rng=np.random.default_rng(seed),
             )  # fmt: skip
             g_c.append(_gap(obj, c.final, X, y, fstar))
@@ -284,7 +286,7 @@ def test_noise_gap_shrinks_with_sigma(sparse):
         gaps[sigma] = (np.mean(g_c), np.mean(g_f))
     for k in range(2):
         assert gaps[1.0][k] > gaps[0.1][k] > gaps[0.01][k] > 0
-        assert gaps[1.0][k] > 10 * gaps[0.01][k]
+        assert gaps[1.0][k] > 30 * gaps[0.1][k] > 900 * gaps[0.01][k]
 
 
 def test_runs_are_deterministic_given_the_rng(sparse):
