@@ -294,7 +294,7 @@ RUNS: list[RunCase] = [
     RunCase(
         "muffliato-gd",
         "muffliato-gd-breast-cancer",
-        ("graph.nodes=4", "protocol.rounds=2"),
+        ('graph.kind="ring"', "graph.nodes=4", "protocol.rounds=2"),
         slow=True,
     ),
 ]

@@ -24,6 +24,42 @@ from collections.abc import Iterable
 #: A loss within this relative distance of the local-DP loss counts as equal to it.
 REL_TOL = 1e-9
 
+#: The local-DP eps a deployment would usually accept: a run above it says why (``ldp_above``).
+PRACTICAL_LDP_EPS = 10.0
+
+#: Why a protocol's example runs with local DP above :data:`PRACTICAL_LDP_EPS`, by protocol.
+_WHY_ABOVE = {
+    "walk-sgd": (
+        "a token carries one node's noisy gradient at a time, so its noise is never averaged "
+        "over nodes: with a few dozen nodes, noise meeting local DP <= 10 swamps the model. "
+        "The walk's guarantee is pairwise: the amplified pairs, conditional on the walk taken"
+    ),
+    "decor": (
+        "local DP counts every round's message as if seen without its correlated noise, over "
+        "all rounds; DECOR's guarantees are SecLDP against an eavesdropper and the pairwise "
+        "losses to a curious user (the amplified pairs)"
+    ),
+}
+_WHY_ABOVE["complete-sgd"] = _WHY_ABOVE["walk-sgd"]
+
+
+def practical(block: dict, protocol: str | None) -> dict:
+    """Add ``ldp_above`` to a ``baseline`` block whose local DP exceeds
+    :data:`PRACTICAL_LDP_EPS`: the threshold and why (the protocol's reason, or the generic
+    one: the pairwise losses are the guarantee to read)."""
+    ldp = block.get("ldp_eps")
+    if _is_num(ldp) and ldp > PRACTICAL_LDP_EPS and not math.isinf(ldp):
+        block["ldp_above"] = {
+            "eps": PRACTICAL_LDP_EPS,
+            "why": _WHY_ABOVE.get(
+                protocol or "",
+                "the noise this run needs for its accuracy costs more than that; the pairwise "
+                "losses (the amplified pairs) are the guarantee to read",
+            ),
+        }
+    return block
+
+
 #: The keys of a loss entry or summary row that the usable bound caps, with the local-DP
 #: key each is compared with.
 _CAPPED = (
@@ -138,7 +174,7 @@ def annotate_plan(rep: dict, *, neighbours_see_values: bool = True) -> dict:
         block.update(
             pairs=pairs, amplified=amplified, exposed=pairs - amplified, exposed_neighbours=near
         )
-    rep["baseline"] = block
+    rep["baseline"] = practical(block, rep.get("protocol"))
     return rep
 
 
@@ -223,7 +259,7 @@ def annotate_audit(rep: dict, *, neighbours_see_values: bool = True) -> dict:
         "paper_below_exact": n_below,
     }
     block.update(_counts([e for _, e in exact], ldp_eps, exact))
-    rep["baseline"] = block
+    rep["baseline"] = practical(block, rep.get("protocol"))
     return rep
 
 
@@ -240,6 +276,11 @@ def explain(block: dict | None) -> list[str]:
         f"local DP is eps = {ldp:.4g}: what each node would lose to anyone who saw its noisy "
         "values directly, the most any view can reveal."
     ]
+    above = block.get("ldp_above")
+    if isinstance(above, dict):
+        out.append(
+            f"local DP is above {above['eps']:g}, what a deployment would usually accept: {above['why']}."
+        )
     n_above = block.get("paper_above_ldp")
     n_below = block.get("paper_below_exact")
     below = (
