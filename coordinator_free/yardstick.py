@@ -16,6 +16,10 @@ a bug). docs/yardstick.md defines the expected value of every family:
 * token histograms: the debiased randomized-response counts; the squared error summed over the
   levels has expectation ``(N (1 - q) + I (1 - 1/L)) / (1 - gamma)^2``, ``q = (1 - gamma +
   gamma/L)^2 + (L - 1) (gamma/L)^2`` whatever the values (N responses, I initial items).
+* private ADMM (``admm``, ``admm-central``, ``admm-federated``, ``prox-sgd``): the objective gap
+  ``F(z) - F*`` of the released model (mean over the completed tokens) against the mean gap of the
+  same protocol and public parameters run by the simulator from independent public seeds (its
+  noise and walk alone; ``F*`` by accelerated proximal gradient on the same shards).
 * learning (every model-training protocol, token walks carrying a model included): the final
   test loss against that of the same run without noise (the ``noise_free`` reference).
 
@@ -148,6 +152,21 @@ def walk(plan, results: dict) -> dict:
         expected,
         quantity="mean over the completed tokens of |estimate - truth|",
         basis=basis,
+    )
+
+
+# ------------------------------------------------------------------------- private ADMM
+
+
+def admm(measured_gap: float | None, expected_gap: float, seeds: int) -> dict:
+    """The yardstick of a private-ADMM run: its objective gap against the simulator's mean gap
+    over ``seeds`` independent public seeds of the same plan."""
+    return judge(
+        measured_gap,
+        expected_gap,
+        quantity="objective gap F(z) - F* of the released model (mean over completed tokens)",
+        basis=f"the mean objective gap of the simulator over {seeds} independent public seeds "
+        "with the same public parameters (the noise and the walk alone)",
     )
 
 

@@ -190,6 +190,49 @@ def theorem(units: Units, factor: float, alpha_max: float | None, *, cap: float 
     )
 
 
+def curve(
+    units: Units,
+    rdp_at,
+    alpha_max: float,
+    *,
+    cap: float | None = None,
+    orders: int = 48,
+) -> Loss:
+    """A theorem's Renyi bound known as a function of the order (``rdp_at(alpha)``, not linear in
+    alpha: a numerical theorem), valid only at orders ``1 < alpha < alpha_max``: converted with the
+    improved RDP conversion minimised over a grid of such orders (``conversion`` ``rdp-orders``;
+    never below the continuous optimum). ``rdp_at`` may return None where the theorem gives
+    nothing. ``factor`` is None (the curve is not linear); ``rdp`` is the curve at the config's
+    order where the condition allows it. ``cap``: a bound that always holds (local DP), giving
+    ``eps_usable``."""
+    top = min(float(alpha_max), 1e4)
+    grid: list[float] = []
+    if top > 1.0:
+        lo, hi = math.log(1e-3), math.log(top - 1.0)
+        grid = [1.0 + math.exp(lo + (hi - lo) * i / (orders - 1)) for i in range(orders)]
+        grid = [a for a in grid if 1.0 < a < alpha_max]
+    pts = [(a, rdp_at(a)) for a in grid]
+    pts = [(a, float(r)) for a, r in pts if r is not None]
+    eps = order = None
+    if pts:
+        eps, order = rdp_mod.eps_from_rdp_curve([a for a, _ in pts], [r for _, r in pts], units.delta)
+    rdp = None
+    if 1.0 < units.alpha < alpha_max:
+        r = rdp_at(units.alpha)
+        rdp = None if r is None else float(r)
+    extra: dict = {"alpha": order}
+    if cap is not None:
+        extra["eps_usable"] = float(cap) if eps is None else min(float(eps), float(cap))
+    return Loss(
+        eps=eps,
+        conversion="rdp-orders",
+        factor=None,
+        rdp=rdp,
+        alpha_max=float(alpha_max),
+        extra=extra,
+    )
+
+
 @functools.lru_cache(maxsize=8192)
 def _eps_rdp(rho: float, delta: float) -> float:
     # A root search per call; audits ask for the same few values over and over.

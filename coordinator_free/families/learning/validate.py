@@ -125,7 +125,7 @@ def dataset_needs(cfg, s: str, n: int) -> tuple[list[Need], int]:
         rows = float(n) * d.features
         what = f"the quadratic task's {rows:.3g} x {d.features} design matrix and its copies"
         return [Need(24.0 * rows * d.features, k, what)], d.features
-    if d.kind in ("synthetic-logistic", "synthetic-lstsq"):
+    if d.kind in ("synthetic-logistic", "synthetic-lstsq", "synthetic-sparse"):
         k = f"data.samples = {d.samples}, data.features = {d.features}"
         what = f"the {d.samples} x {d.features} synthetic dataset and its copies"
         return [Need(32.0 * d.samples * d.features, k, what)], d.features + 1
