@@ -7,6 +7,9 @@ process and the in-process simulator compute bit-identical values from the same 
 * :mod:`.datasets` — synthetic and on-disk datasets, split / standardise / normalise, shard files
 * :mod:`.partition` — split the training set over the nodes (iid, Dirichlet label skew, fixed)
 * :mod:`.models` — logistic, multinomial, least-squares, ridge; per-example gradients; clipping
+* :mod:`.prox` — objectives with proximal operators, the clipped proximal step of private ADMM
+* :mod:`.admm` — private ADMM (central, federated, decentralized reference) and private
+  proximal SGD, one process
 
 The package re-exports the public names of :mod:`.datasets` and :mod:`.models`, and
 ``PARTITION_SCHEMES``, but NOT the function ``partition``: it has the name of its submodule and

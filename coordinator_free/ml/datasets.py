@@ -17,6 +17,14 @@ the way the decentralized-DP papers do it). The pipeline, in order:
    node's rows is exactly ``f_i``. It needs the number of nodes, is used as generated (no
    split: the test set is the training set, since the task's metric is the objective itself;
    no standardising, normalising or intercept) and goes with ``partition = "ordered"``.
+   ``synthetic-sparse`` is the sparse regression of the private-ADMM paper (CBB23, Figure 1;
+   there ``samples = 1000``, ``features = 64``, ``label_noise = 0.1``): ``x ~ N(0, I_d)``, each
+   column then standardised to mean 0 and (population) std 1 over all ``samples`` rows (before
+   the split, as that experiment does), ``theta*`` with ``min(8, d)`` non-zero coordinates at
+   uniformly chosen positions, their values ``U(0, 1)``, and ``y = x . theta* + e``,
+   ``e ~ N(0, label_noise^2)``. It is used as generated apart from the train/test split (no
+   further standardising, normalising or intercept: they would change the planted linear
+   model), so ``standardize``/``normalize``/``intercept`` are ignored for it.
 2. **Split.** A deterministic train/test split with ``test_fraction`` of the points in the test
    set; for classification it is stratified: each class ``c`` with ``n_c`` points sends
    ``floor(test_fraction * n_c + 1/2)`` of them (at most ``n_c - 1``) to the test set. Both index
@@ -72,6 +80,7 @@ from coordinator_free.errors import CfreeError
 DATASET_KINDS = (
     "synthetic-logistic",
     "synthetic-lstsq",
+    "synthetic-sparse",
     "quadratic",
     "breast_cancer",
     "digits",
@@ -84,7 +93,9 @@ TASKS = ("classification", "regression")
 
 _FILE_KINDS = ("csv", "libsvm")
 _SKLEARN_KINDS = ("breast_cancer", "digits", "wine")
-_REGRESSION_KINDS = ("synthetic-lstsq", "quadratic")
+_REGRESSION_KINDS = ("synthetic-lstsq", "synthetic-sparse", "quadratic")
+#: non-zero coefficients of synthetic-sparse (CBB23's experiment)
+SPARSE_SUPPORT = 8
 
 # spawn keys of the per-purpose random streams (see the module docstring)
 STREAM_SYNTHETIC = 1
@@ -206,6 +217,8 @@ def load_dataset(
         raise DataError(f"{name}: needs at least 2 examples, found {X.shape[0]}")
     train, test = _split(y, n_classes, test_fraction, seed, name)
     X_train, X_test = X[train], X[test]
+    if kind == "synthetic-sparse":
+        standardize = normalize = intercept = False  # used as generated (module docstring)
     if standardize:
         X_train, X_test = _standardize(X_train, X_test)
     if normalize:
@@ -237,6 +250,17 @@ def _synthetic(
     if not isinstance(label_noise, (int, float)) or not math.isfinite(label_noise):
         raise ValueError(f"label_noise must be a finite number, got {label_noise!r}")
     rng = rng_for(seed, STREAM_SYNTHETIC)
+    if kind == "synthetic-sparse":
+        if label_noise < 0:
+            raise ValueError(f"label_noise is a noise std for synthetic-sparse, got {label_noise}")
+        X = rng.standard_normal((samples, features))
+        sd = X.std(axis=0)
+        X = (X - X.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
+        theta = np.zeros(features)
+        support = rng.choice(features, size=min(SPARSE_SUPPORT, features), replace=False)
+        theta[support] = rng.random(support.size)
+        y = X @ theta + label_noise * rng.standard_normal(samples)
+        return X, y, 0
     theta = rng.standard_normal(features)
     X = rng.standard_normal((samples, features))
     score = X @ theta

@@ -128,7 +128,9 @@ def dataset_needs(cfg, s: str, n: int) -> tuple[list[Need], int]:
     if d.kind in ("synthetic-logistic", "synthetic-lstsq", "synthetic-sparse"):
         k = f"data.samples = {d.samples}, data.features = {d.features}"
         what = f"the {d.samples} x {d.features} synthetic dataset and its copies"
-        return [Need(32.0 * d.samples * d.features, k, what)], d.features + 1
+        # synthetic-sparse is used without an intercept column
+        extra = 0 if d.kind == "synthetic-sparse" else 1
+        return [Need(32.0 * d.samples * d.features, k, what)], d.features + extra
     if d.kind in _SKLEARN:
         dim, values = _SKLEARN[d.kind]
         return [Need(32.0 * values, f"data.kind = {d.kind}", "the dataset")], dim
