@@ -215,7 +215,9 @@ def curve(
     pts = [(a, float(r)) for a, r in pts if r is not None]
     eps = order = None
     if pts:
-        eps, order = rdp_mod.eps_from_rdp_curve([a for a, _ in pts], [r for _, r in pts], units.delta)
+        eps, order = rdp_mod.eps_from_rdp_curve(
+            [a for a, _ in pts], [r for _, r in pts], units.delta
+        )
     rdp = None
     if 1.0 < units.alpha < alpha_max:
         r = rdp_at(units.alpha)

@@ -293,9 +293,10 @@ def audit_run(run_dir: Path, cfg: Config, plan: ap.AdmmPlan, observers=None) -> 
             for m in METHODS:
                 real = by_source[u][m]
                 floor = ref[(u, m)]
-                x = loss.at_least(real, floor)
-                raised = x.get("eps") != real.get("eps")
-                x["theorem"] = floor["theorem"] if raised else real["theorem"]
+                # The plan's entry whole where it is larger (its conversion, order and cap
+                # with it), else the logs' figure.
+                raised = not real["eps"] >= floor["eps"]
+                x = dict(floor) if raised else dict(real)
                 x["contributions"] = int(K[u])
                 if raised:
                     x["from_logs"] = {k: real.get(k) for k in loss.LOSS_KEYS if k in real}
@@ -318,7 +319,11 @@ def audit_run(run_dir: Path, cfg: Config, plan: ap.AdmmPlan, observers=None) -> 
     plan_K = contributions_bound(plan)
     return {
         **audit_head(
-            run_dir, plan.protocol, plan, steps=plan.hops, fault_free=rp.fault_free and not integrity
+            run_dir,
+            plan.protocol,
+            plan,
+            steps=plan.hops,
+            fault_free=rp.fault_free and not integrity,
         ),
         "ldp": ldp_entry(plan, max(plan_K, int(K.max()) if K.size else 0)),
         "accounting": accounting_note(plan, planned=False),

@@ -71,7 +71,9 @@ def print_plan(rep: dict) -> None:
         print(table(["observer", "rdp", "eps", "from"], rows))
     else:
         w = rep["worst_pair"]
-        print(f"every pair (the theorem holds for any observer): eps={fmt(w['eps'])}  ({w.get('theorem')})")
+        print(
+            f"every pair (the theorem holds for any observer): eps={fmt(w['eps'])}  ({w.get('theorem')})"
+        )
     print_amplification(rep)
     gossip.print_plan_ending(rep)
 

@@ -124,7 +124,9 @@ def validate_admm(cfg, s: str) -> None:
             f"{pr.name} runs in one process for protocol.rounds iterations (remove them)"
         )
     if g.resample:
-        raise ConfigError(f"{s}: graph.resample is for the gossip learning protocols, not {pr.name}")
+        raise ConfigError(
+            f"{s}: graph.resample is for the gossip learning protocols, not {pr.name}"
+        )
     if pr.distributed_noise:
         raise ConfigError(f"{s}: protocol.distributed_noise is ring-sum's, not {pr.name!r}'s")
     check_memory(s, admm_needs(cfg, s))
@@ -142,8 +144,7 @@ def admm_needs(cfg, s: str) -> list[Need]:
     needs.append(
         Need(
             (200.0 + 8.0 * max(dim, 1)) * hops * pr.tokens,
-            f"protocol.hops = {pr.hops}, {graph_keys(cfg.graph, n)}, protocol.tokens = "
-            f"{pr.tokens}",
+            f"protocol.hops = {pr.hops}, {graph_keys(cfg.graph, n)}, protocol.tokens = {pr.tokens}",
             f"a record and the model after each of {hops} steps of {pr.tokens} token(s)",
         )
     )
