@@ -58,6 +58,11 @@ def validate_admm(cfg, s: str) -> None:
             f"{s}: protocol.users_per_round must be in 1..{cfg.graph_n()} (the users, "
             f"graph nodes), got {pr.users_per_round}"
         )
+    if cfg.privacy.sensitivity is not None:
+        raise ConfigError(
+            f"{s}: privacy.sensitivity: the ADMM protocols derive it (4 gamma L; prox-sgd: 2, "
+            "its sigma being a noise multiplier); remove it"
+        )
     if m.kind not in ADMM_MODELS:
         raise ConfigError(
             f"{s}: model.kind {m.kind!r}: protocol {pr.name!r} minimises a loss plus a "
