@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from coordinator_free.privacy import rdp as rdp_mod
+from coordinator_free.privacy import walk as walk_mod
 
 #: How an eps was obtained from a view (module doc).
 CONVERSIONS = ("gaussian", "rdp", "rdp-orders", "bound")
@@ -192,45 +194,69 @@ def theorem(units: Units, factor: float, alpha_max: float | None, *, cap: float 
 
 def curve(
     units: Units,
-    rdp_at,
+    rdp_of_alpha: Callable[[float], float | None],
     alpha_max: float,
     *,
     cap: float | None = None,
-    orders: int = 48,
 ) -> Loss:
-    """A theorem's Renyi bound known as a function of the order (``rdp_at(alpha)``, not linear in
-    alpha: a numerical theorem), valid only at orders ``1 < alpha < alpha_max``: converted with the
-    improved RDP conversion minimised over a grid of such orders (``conversion`` ``rdp-orders``;
-    never below the continuous optimum). ``rdp_at`` may return None where the theorem gives
-    nothing. ``factor`` is None (the curve is not linear); ``rdp`` is the curve at the config's
-    order where the condition allows it. ``cap``: a bound that always holds (local DP), giving
-    ``eps_usable``."""
-    top = min(float(alpha_max), 1e4)
-    grid: list[float] = []
-    if top > 1.0:
-        lo, hi = math.log(1e-3), math.log(top - 1.0)
-        grid = [1.0 + math.exp(lo + (hi - lo) * i / (orders - 1)) for i in range(orders)]
-        grid = [a for a in grid if 1.0 < a < alpha_max]
-    pts = [(a, rdp_at(a)) for a in grid]
-    pts = [(a, float(r)) for a, r in pts if r is not None]
+    """A theorem's Renyi bound that is not linear in alpha (a numerical curve such as private
+    ADMM's Theorem 8.12, :func:`coordinator_free.privacy.admm.network_rdp`), known only at orders
+    ``1 < alpha <= alpha_max``: ``rdp_of_alpha`` is evaluated at those orders only, and returns
+    None at an order its condition excludes (that order is skipped: a strict condition's own
+    limit). Converted with the improved conversion minimised over the allowed orders
+    (``conversion`` ``rdp-orders``, the order used in ``alpha``, as :func:`theorem`).
+
+    ``factor``: the largest ``rdp(alpha) / (alpha ldp_rho)`` over the orders evaluated, a linear
+    envelope of the curve on the allowed orders (exact when ``rdp(alpha)/alpha`` is nondecreasing,
+    as for the ADMM curve, whose largest order is evaluated). ``rdp``: the curve at the config's
+    order, None where the condition excludes it. With ``alpha_max <= 1`` (or no order left) no
+    order is allowed: eps None. ``cap``: a bound that always holds (local DP), ``eps_usable = min(eps, cap)``."""
+    alpha_max = float(alpha_max)
+    seen: list[float] = []
+
+    def rdp_at(a: float) -> float:
+        r = rdp_of_alpha(a)
+        if r is None:
+            return math.inf
+        r = float(r)
+        if math.isnan(r) or r < 0:
+            raise ValueError(f"Renyi curve at order {a}: {r!r}")
+        seen.append(r / a)
+        return r
+
     eps = order = None
-    if pts:
-        eps, order = rdp_mod.eps_from_rdp_curve(
-            [a for a, _ in pts], [r for _, r in pts], units.delta
-        )
-    rdp = None
-    if 1.0 < units.alpha < alpha_max:
-        r = rdp_at(units.alpha)
-        rdp = None if r is None else float(r)
+    if alpha_max > 1.0:
+        eps, order = walk_mod.eps_from_rdp_fn(rdp_at, alpha_max, units.delta)
+        if not seen:  # every order the grid tried is excluded
+            eps = order = None
+        if math.isfinite(alpha_max):
+            # the largest order (the envelope's; a strict condition excludes its own limit, then
+            # just below it), also a candidate for the conversion when the optimum is there
+            top = alpha_max
+            r_top = rdp_at(top)
+            if math.isinf(r_top):
+                top = alpha_max - 1e-9 * (alpha_max - 1.0)
+                r_top = rdp_at(top)
+            if math.isfinite(r_top) and top > 1.0:
+                e_top = max(0.0, rdp_mod._improved(r_top, top, math.log(units.delta)))
+                if eps is None or e_top < eps:
+                    eps, order = e_top, top
+    ldp = units.ldp_rho
+    slope = max(seen) if seen else 0.0
+    factor = None if not math.isfinite(ldp) or ldp == 0 else slope / ldp
+    at_cfg = None
+    if 1.0 < units.alpha <= alpha_max:
+        r = rdp_of_alpha(units.alpha)
+        at_cfg = None if r is None else float(r)
     extra: dict = {"alpha": order}
     if cap is not None:
         extra["eps_usable"] = float(cap) if eps is None else min(float(eps), float(cap))
     return Loss(
         eps=eps,
         conversion="rdp-orders",
-        factor=None,
-        rdp=rdp,
-        alpha_max=float(alpha_max),
+        factor=factor,
+        rdp=at_cfg,
+        alpha_max=alpha_max,
         extra=extra,
     )
 

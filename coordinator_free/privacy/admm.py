@@ -76,6 +76,9 @@ import numpy as np
 from scipy import special
 
 __all__ = [
+    "sensitivity",
+    "factor_of",
+    "network_rho",
     "alpha_max",
     "in_condition",
     "local_rho",
@@ -289,6 +292,28 @@ def network_rdp_conservative(alpha, K_i, L, gamma, sigma, n, *, hop_probability=
     a = _order(alpha)
     rho = network_rho_conservative(K_i, L, gamma, sigma, n, hop_probability=hop_probability)
     return a * rho if a <= alpha_max_conservative(sigma, L, gamma) else None
+
+
+def network_rho(K_i, L, gamma, sigma, n, *, hop_probability=None) -> float:
+    """The linear coefficient to use for Thm 8.12 with ``accounting.loss.theorem``: the
+    conservative closed form (:func:`network_rho_conservative`), valid for orders ``alpha <=
+    alpha_max_conservative(sigma, L, gamma)``, an infinite walk and no final release. Where the
+    final z is released or the walk is short, use :func:`network_rdp` (``loss.curve``)."""
+    return network_rho_conservative(K_i, L, gamma, sigma, n, hop_probability=hop_probability)
+
+
+def sensitivity(L, gamma) -> float:
+    """The unit of the typed loss path: ``Units(sensitivity=4 gamma L, sigma=sigma)`` makes
+    factor 1 one local release (``lam`` cancels: shift ``4 lam gamma L``, noise ``lam sigma``)."""
+    return 4.0 * _pos("gamma", gamma) * _pos("L (clip)", L)
+
+
+def factor_of(rho, L, gamma, sigma) -> float:
+    """A coefficient ``rho`` (RDP = rho alpha) in units of one local release, for ``theorem``."""
+    rho = float(rho)
+    if math.isnan(rho) or rho < 0:
+        raise ValueError(f"rho must be a number >= 0, got {rho!r}")
+    return rho / _base(L, gamma, sigma)
 
 
 # ----------------------------------------------------------------------------- numerical 8.12
