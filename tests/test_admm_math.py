@@ -314,3 +314,48 @@ def test_bad_run_parameters_are_named(sparse):
         )
     with pytest.raises(ValueError, match="finite clip"):
         admm.prox_sgd(obj, X, y, eta=0.1, clip=math.inf, sigma=1.0, iterations=1, batch=10, rng=rng)
+
+
+def test_poisson_sampling_converges_and_draws_rate_m_over_n(sparse):
+    ds, obj, _, fstar = sparse
+    X, y = ds.X_train, ds.y_train
+    run = admm.federated_admm(
+        obj, X, y, gamma=GAMMA, lam=LAM, clip=math.inf, sigma=0.0, rounds=1500, m=80,
+        rng=np.random.default_rng(3), sampling="poisson",
+    )  # fmt: skip
+    assert abs(_gap(obj, run.final, X, y, fstar)) < 1e-6
+    assert run.info["sampling"] == "poisson"
+    assert abs(run.steps / (1500 * 80) - 1) < 0.02  # Binomial(800, 0.1) per round on average
+    sgd = admm.prox_sgd(
+        obj, X, y, eta=0.1, clip=1.0, sigma=0.0, iterations=400, batch=80,
+        rng=np.random.default_rng(3), sampling="poisson",
+    )  # fmt: skip
+    assert abs(sgd.steps / (400 * 80) - 1) < 0.03
+    with pytest.raises(ValueError, match="sampling"):
+        admm.prox_sgd(
+            obj, X, y, eta=0.1, clip=1.0, sigma=0.0, iterations=1, batch=8, rng=np.random.default_rng(0),
+            sampling="shuffle",
+        )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_figure_one_quick_gap_shrinks_with_eps(tmp_path):
+    """bench/admm_figure.py --quick: for both methods the test gap falls as eps grows."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "admm_figure.py"
+    spec = importlib.util.spec_from_file_location("admm_figure", path)
+    fig = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fig)
+    md = tmp_path / "t.md"
+    assert fig.main(["--quick", "--md", str(md)]) == 0
+    rows = [r for r in md.read_text().splitlines() if r.startswith("| ") and "target" not in r]
+    assert len(rows) == 3
+    gaps = [[float(c.split("±")[0]) for c in (r.split("|")[4], r.split("|")[7])] for r in rows]
+    for k in range(2):
+        assert gaps[0][k] > gaps[1][k] > gaps[2][k]
+    eps = [float(r.split("|")[1]) for r in rows]
+    got = [[float(r.split("|")[c].split("(")[0]) for c in (3, 6)] for r in rows]
+    for target, pair in zip(eps, got, strict=True):  # the accountant's eps never exceeds the target
+        assert all(e <= target * (1 + 1e-9) for e in pair)

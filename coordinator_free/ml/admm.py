@@ -14,7 +14,12 @@ so **z = prox_{gamma r}(z_hat)**: the step of ``r`` is ``gamma``, not ``gamma / 
 ``prox_{gamma f_i}``). For ``lam`` in ``(0, 1)`` the iteration is an averaged operator whose
 fixed points give ``z* = argmin F``; random blocks (federated sampling, the decentralized walk)
 converge as randomized block-coordinate Krasnosel'skii-Mann iterations. :func:`z_of` keeps ``n``
-in its signature as the contract does; the scaling does not depend on it.
+in its signature as the contract does; the scaling does not depend on it. (Equivalently, with
+the (1/n)-weighted losses ``(1/n) f_i`` in the prox of each user, as in the proof of Theorem
+8.7, the regulariser's step becomes ``gamma' / n`` for a step ``gamma'``: ``gamma' = n gamma``.
+So ``privacy.admm.central_rdp`` applies to these runs with ``gamma = n * gamma_here`` and then
+equals ``local_rdp`` at ``gamma_here``; the federated, local and network bounds use this
+module's ``gamma`` as it is, since they bound ``||x - v|| <= gamma L`` of this very step.)
 
 **Private steps.** A user's step at ``(z, u_i)`` (:func:`local_step`):
 ``x = v - gamma clip(g, L)`` with ``v = 2 z - u_i`` and ``g`` the implicit gradient of
@@ -155,6 +160,17 @@ class _Users:
         return U[ids] + 2.0 * lam * (Xs - z) + lam * eta, n_clipped
 
 
+#: How a round's users (federated) or a step's records (prox-SGD) are drawn.
+SAMPLINGS = ("fixed", "poisson")
+
+
+def _sample(rng: np.random.Generator, n: int, m: int, sampling: str) -> np.ndarray:
+    """Sorted indices: ``m`` of ``n`` without replacement, or each with probability ``m / n``."""
+    if sampling == "fixed":
+        return np.sort(rng.choice(n, size=m, replace=False))
+    return np.flatnonzero(rng.random(n) < m / n)
+
+
 def _start(users: _Users, u0: np.ndarray | None) -> np.ndarray:
     if u0 is None:
         return np.zeros((users.n, users.p))
@@ -210,9 +226,13 @@ def federated_admm(
     groups: Sequence[np.ndarray] | None = None,
     u0: np.ndarray | None = None,
     secure_aggregation: bool = False,
+    sampling: str = "fixed",
 ) -> Run:
-    """Algorithm 8.3: each round ``m`` users drawn uniformly without replacement step at the
-    current ``z``; the server adds the sum of their ``u_i' - u_i`` divided by ``n`` to ``z_hat``.
+    """Algorithm 8.3: each round a sample of users steps at the current ``z``; the server adds
+    the sum of their ``u_i' - u_i`` divided by ``n`` to ``z_hat``. ``sampling = "fixed"``: ``m``
+    users drawn uniformly without replacement; ``"poisson"``: every user independently with
+    probability ``m / n`` (the sampling of the subsampled-Gaussian lemma the central accounting
+    uses).
 
     ``secure_aggregation`` changes what the server sees (the sum only), hence the accounting, not
     the arithmetic: the iterates are identical; it is recorded in ``info``."""
@@ -220,12 +240,15 @@ def federated_admm(
     users = _Users(obj, X, y, groups)
     if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or not 1 <= m <= users.n:
         raise ValueError(f"m (users per round) must be an integer in 1..{users.n}, got {m!r}")
+    if sampling not in SAMPLINGS:
+        raise ValueError(f"sampling must be one of {', '.join(SAMPLINGS)}, got {sampling!r}")
     U = _start(users, u0)
     z_hat = U.mean(axis=0)
     hist = [z_of(obj, z_hat, gamma=gamma, n=users.n)]
-    clipped = 0
+    clipped = steps = 0
     for _ in range(int(rounds)):
-        ids = np.sort(rng.choice(users.n, size=int(m), replace=False))
+        ids = _sample(rng, users.n, int(m), sampling)
+        steps += ids.size
         eta = sigma * rng.standard_normal((ids.size, users.p))
         new, c = users.steps(ids, hist[-1], U, gamma=gamma, lam=lam, clip=clip, eta=eta)
         clipped += c
@@ -234,9 +257,14 @@ def federated_admm(
         hist.append(z_of(obj, z_hat, gamma=gamma, n=users.n))
     return Run(
         z=np.array(hist),
-        steps=int(rounds) * int(m),
+        steps=steps,
         clipped=clipped,
-        info={"secure_aggregation": bool(secure_aggregation), "m": int(m), "n": users.n},
+        info={
+            "secure_aggregation": bool(secure_aggregation),
+            "m": int(m),
+            "n": users.n,
+            "sampling": sampling,
+        },
     )
 
 
@@ -296,10 +324,14 @@ def prox_sgd(
     batch: int,
     rng: np.random.Generator,
     w0: np.ndarray | None = None,
+    sampling: str = "fixed",
 ) -> Run:
     """Private proximal SGD (module docstring): ``w <- prox_{eta r}(w - eta (g_B + xi))``,
-    ``xi ~ N(0, sigma^2 C^2 / b^2 I)``, ``C = clip``, ``b = batch`` records per step drawn
-    uniformly without replacement."""
+    ``xi ~ N(0, sigma^2 C^2 / b^2 I)``, ``C = clip``. ``sampling = "fixed"``: ``b = batch``
+    records per step drawn uniformly without replacement; ``"poisson"``: each record
+    independently with probability ``b / m``, the clipped gradients summed and divided by the
+    expected size ``b`` (not the drawn one, so one record still moves ``g_B`` by at most
+    ``2 C / b``)."""
     if not (isinstance(eta, (int, float)) and math.isfinite(eta) and eta > 0):
         raise ValueError(f"eta (step size) must be a finite positive number, got {eta!r}")
     if not (isinstance(clip, (int, float)) and clip > 0):
@@ -310,19 +342,22 @@ def prox_sgd(
     m, p = X.shape
     if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or not 1 <= batch <= m:
         raise ValueError(f"batch must be an integer in 1..{m}, got {batch!r}")
+    if sampling not in SAMPLINGS:
+        raise ValueError(f"sampling must be one of {', '.join(SAMPLINGS)}, got {sampling!r}")
     if sigma > 0 and math.isinf(clip):
         raise ValueError("noisy prox-SGD needs a finite clip bound C (the noise scales with it)")
     w = np.zeros(p) if w0 is None else np.array(w0, dtype=np.float64)
     hist = [w]
-    clipped = 0
+    clipped = steps = 0
     for _ in range(int(iterations)):
-        ids = rng.choice(m, size=int(batch), replace=False)
+        ids = _sample(rng, m, int(batch), sampling)
+        steps += ids.size
         G = obj.per_record_grads(w, X[ids], y[ids])
         norms = np.linalg.norm(G, axis=1)
         over = norms > clip
         clipped += int(over.sum())
         G = G * np.where(over, clip / np.where(over, norms, 1.0), 1.0)[:, None]
         noise = rng.standard_normal(p) * (sigma * clip / batch) if sigma > 0 else 0.0
-        w = obj.prox_reg(w - eta * (G.mean(axis=0) + noise), eta)
+        w = obj.prox_reg(w - eta * (G.sum(axis=0) / batch + noise), eta)
         hist.append(w)
-    return Run(z=np.array(hist), steps=int(iterations) * int(batch), clipped=clipped)
+    return Run(z=np.array(hist), steps=steps, clipped=clipped, info={"sampling": sampling})
