@@ -88,12 +88,37 @@ def test_no_allowed_order_gives_local_dp_and_says_why():
 
 
 def test_calibration_meets_the_target_and_the_plan_agrees():
+    cfg = cfg_of()
+    cal = family_of("admm").calibrate(cfg, 2.0, method="paper", budget="worst")
+    assert cal["eps"] == pytest.approx(2.0, rel=1e-6)
+    again = cfg_of(f"privacy.sigma={cal['sigma']!r}")
+    rep = audit.plan_report(again, source=None, method="paper")
+    assert rep["worst_pair"]["eps"] == pytest.approx(2.0, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_calibration_of_the_numerical_theorem():
     cfg = config.load(LASSO)
     cal = family_of("admm").calibrate(cfg, 2.0, method="exact", budget="worst")
     assert cal["eps"] == pytest.approx(2.0, rel=1e-6)
-    again = config.load(LASSO, [f"privacy.sigma={cal['sigma']!r}"])
-    rep = audit.plan_report(again, source=None, method="exact")
+    rep = audit.plan_report(
+        config.load(LASSO, [f"privacy.sigma={cal['sigma']!r}"]), source=None, method="exact"
+    )
     assert rep["worst_pair"]["eps"] == pytest.approx(2.0, rel=1e-6)
+
+
+def test_the_plans_placement_costs_at_least_any_placement_of_as_many_contributions():
+    """The audit keeps the plan's entry for a source with no more contributions per token than
+    the plan's count: the count placed where it costs most bounds every placement."""
+    plan = ap.make_plan(cfg_of())
+    K = aa.per_token_bound(plan)
+    ldp = aa.ldp_entry(plan, K)
+    worst = aa.theorem_entry(plan, "exact", ldp)["eps"]
+    rng = np.random.default_rng(0)
+    for k in (1, K // 2, K):
+        steps = sorted(rng.choice(np.arange(1, plan.hops + 1), size=k, replace=False).tolist())
+        got = aa.theorem_entry(plan, "exact", ldp, contributions=[steps])
+        assert got["eps"] <= worst * (1 + 1e-12)
 
 
 # ------------------------------------------------------------------------------ config
