@@ -125,7 +125,7 @@ class Admm(Family):
     def yardstick(self, cfg, plan, summary):
         from coordinator_free.families.admm import render
 
-        return render.yardstick(cfg, plan, summary)
+        return render.yardstick(cfg, plan, summary, self.simulate_as_peers)
 
     # -------------------------------------------------------------- rendering (CLI output)
 

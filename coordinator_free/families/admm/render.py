@@ -289,10 +289,10 @@ def print_simulation(out: dict) -> None:
 YARDSTICK_SEEDS = 3
 
 
-def yardstick(cfg, plan, summary: dict) -> dict | None:
+def yardstick(cfg, plan, summary: dict, simulate) -> dict | None:
     """The objective gap of the run against the mean gap of the same protocol with the same
     public parameters over :data:`YARDSTICK_SEEDS` independent public seeds (what its noise and
-    walk alone give: ``ys.admm_gap``)."""
+    walk alone give: ``ys.admm``); ``simulate(cfg, plan, streams)`` is the family's simulator."""
     res = summary["results"]
     if res.get("central"):
         measured = res["central"]["objective_gap"]
@@ -300,14 +300,12 @@ def yardstick(cfg, plan, summary: dict) -> dict | None:
         done = [t["objective_gap"] for t in res.get("tokens", []) if "objective_gap" in t]
         measured = float(np.mean(done)) if done else None
     from coordinator_free import seeds
-    from coordinator_free.families import family_of
 
-    fam = family_of(cfg.protocol.name)
     gaps = []
     for k in range(YARDSTICK_SEEDS):
         # The same data (from run.seed), other noise and walks.
         other = (cfg.run.seed * 1_000_003 + 7919 * (k + 1)) % (1 << 63)
-        sim = fam.simulate_as_peers(cfg, plan, seeds.PublicSeedStreams(other))
+        sim = simulate(cfg, plan, seeds.PublicSeedStreams(other))
         out = simulation(cfg, sim)
         gaps.append(
             float(np.mean([t["objective_gap"] for t in out["tokens"]]))

@@ -76,9 +76,8 @@ class Learning(Gossip, Family):
         """central-dp: the curator's run; its models and per-round metrics into the run
         directory."""
         from coordinator_free import rundir
-        from coordinator_free.sim import simulate_learning
 
-        sim = simulate_learning(cfg, streams=streams)
+        sim = self.simulate_as_peers(cfg, None, streams)
         rundir.write_npy(rundir.central_models_path(out), sim.models[:, 0])
         rundir.write_jsonl(rundir.metrics_path(out), sim.metrics)
         final = sim.metrics[-1]
