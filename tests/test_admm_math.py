@@ -264,7 +264,9 @@ def test_prox_sgd_full_batch_is_proximal_gradient(sparse):
 
 
 def test_noise_gap_shrinks_with_sigma(sparse):
-    """With noise the runs stop short of the optimum, and less noise gets closer."""
+    """With noise the runs stop short of the optimum, and less noise gets closer: the gap goes
+    like sigma^2 (L = 3 is above every record's gradient norm at the optimum, 2.9, so clipping
+    adds no bias there)."""
     ds, obj, _, fstar = sparse
     X, y = ds.X_train, ds.y_train
     gaps = {}
@@ -272,11 +274,11 @@ def test_noise_gap_shrinks_with_sigma(sparse):
         g_c, g_f = [], []
         for seed in range(3):
             c = admm.central_admm(
-                obj, X, y, gamma=GAMMA, lam=LAM, clip=1.0, sigma=sigma, iterations=60,
+                obj, X, y, gamma=GAMMA, lam=LAM, clip=3.0, sigma=sigma, iterations=60,
                 rng=np.random.default_rng(seed),
             )  # fmt: skip
             f = admm.federated_admm(
-                obj, X, y, gamma=GAMMA, lam=LAM, clip=1.0, sigma=sigma, rounds=600, m=80,
+                obj, X, y, gamma=GAMMA, lam=LAM, clip=3.0, sigma=sigma, rounds=600, m=80,
                 rng=np.random.default_rng(seed),
             )  # fmt: skip
             g_c.append(_gap(obj, c.final, X, y, fstar))
@@ -284,7 +286,7 @@ def test_noise_gap_shrinks_with_sigma(sparse):
         gaps[sigma] = (np.mean(g_c), np.mean(g_f))
     for k in range(2):
         assert gaps[1.0][k] > gaps[0.1][k] > gaps[0.01][k] > 0
-        assert gaps[1.0][k] > 10 * gaps[0.01][k]
+        assert gaps[1.0][k] > 30 * gaps[0.1][k] > 900 * gaps[0.01][k]
 
 
 def test_runs_are_deterministic_given_the_rng(sparse):
@@ -359,3 +361,28 @@ def test_figure_one_quick_gap_shrinks_with_eps(tmp_path):
     got = [[float(r.split("|")[c].split("(")[0]) for c in (3, 6)] for r in rows]
     for target, pair in zip(eps, got, strict=True):  # the accountant's eps never exceeds the target
         assert all(e <= target * (1 + 1e-9) for e in pair)
+
+
+def test_logistic_admm_converges_to_sklearns_logistic_regression():
+    """The Newton prox inside ADMM: L2-regularised logistic regression, 8 users with 40 records
+    each (central) and one record per user (federated), against scikit-learn (whose objective
+    C sum loss + ||w||^2/2 is (C n) times ours with reg_strength = 1/(C n))."""
+    from sklearn.linear_model import LogisticRegression
+
+    ds = load_dataset("synthetic-logistic", seed=1, samples=400, features=5, intercept=False)
+    X, y = ds.X_train, ds.y_train
+    reg = 0.01
+    sk = LogisticRegression(C=1 / (reg * len(y)), fit_intercept=False, tol=1e-12, max_iter=10_000)
+    obj = Objective("logistic", "l2", reg)
+    fstar = obj.value(sk.fit(X, y).coef_[0], X, y)
+    groups = np.array_split(np.arange(len(y)), 8)
+    central = admm.central_admm(
+        obj, X, y, gamma=10.0, lam=LAM, clip=math.inf, sigma=0.0, iterations=50,
+        rng=np.random.default_rng(0), groups=groups,
+    )  # fmt: skip
+    assert abs(_gap(obj, central.final, X, y, fstar)) < 1e-6
+    fed = admm.federated_admm(
+        obj, X, y, gamma=10.0, lam=LAM, clip=math.inf, sigma=0.0, rounds=200, m=40,
+        rng=np.random.default_rng(0),
+    )  # fmt: skip
+    assert abs(_gap(obj, fed.final, X, y, fstar)) < 1e-6
