@@ -4,7 +4,7 @@ Pure functions; every one returns the Renyi divergence (RDP) at order ``alpha`` 
 ``None`` where the hypotheses of the result it implements fail (never a number outside them),
 and raises ``ValueError`` on bad input (``alpha <= 1``, ``sigma <= 0``, ``n < 2``...).
 
-The mechanism (the project's step, ``/work`` design note "Private ADMM"): user i at (z, u_i)
+The mechanism (docs/privacy.md, "Private ADMM"): user i at (z, u_i)
 computes ``x = v - gamma clip(g, L)`` with ``v = 2 z - u_i`` and ``u_i <- u_i + 2 lam (x - z) +
 lam eta``, ``eta ~ N(0, sigma^2 I_p)``. Replacing i's data moves x by at most ``2 gamma L`` and
 ``u_i`` by at most ``4 lam gamma L``, against noise of std ``lam sigma``: one contribution is a
