@@ -130,7 +130,6 @@ class Admm(Family):
     # -------------------------------------------------------------- rendering (CLI output)
 
     render_module = "coordinator_free.families.admm.render"
-    render_from = {"print_audit_compact": "coordinator_free.families.averaging.render"}
 
 
 FAMILY = Admm()
