@@ -311,7 +311,6 @@ ALL_PROTOCOL = {name: cfg_of(name).protocol.name for name in ALL}
 
 def test_every_protocol_with_peers_is_in_the_matrix():
     from coordinator_free.families import catalog
-
     from coordinator_free.families.admm import ONE_PROCESS
 
     with_peers = {p for p in catalog.ALL if p != "central-dp" and p not in ONE_PROCESS}
