@@ -274,7 +274,12 @@ def test_one_process_baselines_run_and_report_their_central_guarantees(name, tmp
     cfg = config.load(out / "config.toml")
     plan = family_of(name).make_plan(cfg)
     if name == "admm-central":
-        rho = theorems.central_rho(5, plan.clip, plan.gamma, plan.sigma, plan.records)
+        # Every record's own loss is clipped at L (displacement gamma L, not gamma L / N):
+        # Theorem 8.7 with L N, the local guarantee of its 5 updates.
+        rho = theorems.local_rho(5, plan.clip, plan.gamma, plan.sigma)
+        assert rho == pytest.approx(
+            theorems.central_rho(5, plan.clip * plan.records, plan.gamma, plan.sigma, plan.records)
+        )
         assert g["released"]["rdp"] == pytest.approx(plan.alpha * rho, rel=1e-12)
     if name == "admm-federated":
         assert g["released"]["eps"] <= g["local"]["eps"]

@@ -6,9 +6,10 @@ secret stream (``cfree run``) or the public seed (``cfree simulate``).
 
 Their guarantees (a trusted server sees what it computes; everyone sees the released models):
 
-* ``admm-central``: Theorem 8.7, record level, ``8 alpha K L^2 gamma^2 / (sigma^2 N^2)`` for K
-  iterations over N records (the released models); local DP of a record's K updates beside it
-  (what an untrusted server would see).
+* ``admm-central``: Theorem 8.7 at record level. Its ``8 alpha K L^2 gamma^2 / (sigma^2 N^2)``
+  holds when a record's x-update is the prox of its (1/N)-weighted loss; here a record's own loss
+  is clipped at L (displacement gamma L, N times more), so the figure is Theorem 8.7 with L N:
+  ``8 alpha K L^2 gamma^2 / sigma^2``, the local guarantee of the record's K updates.
 * ``admm-federated``: the server sees every sampled user's update: Theorem 8.9's local
   guarantee for its K_i <= K participations; with secure aggregation, Remark 8.10 (the sum of
   the m updates of a round: the local guarantee divided by m); the released models: Theorem
@@ -251,9 +252,14 @@ def guarantees(plan: CentralPlan) -> dict:
         out["headline"] = "released"
         return out
     if plan.protocol == "admm-central":
-        rho = acct.central_rho(K, plan.clip, plan.gamma, plan.sigma, plan.records)
+        # Theorem 8.7's 1/N^2 needs a record's x-update to be the prox of its (1/N)-weighted
+        # loss (displacement <= gamma L / N). Here every record's own loss is clipped at L
+        # (displacement <= gamma L): Theorem 8.7 with L N in place of L, which is the local
+        # guarantee of the record's K updates (docs/privacy.md, Private ADMM).
+        rho = acct.central_rho(K, plan.clip * plan.records, plan.gamma, plan.sigma, plan.records)
         out["released"] = u.rdp_bound(rho / u.ldp_rho).entry(
-            theorem="8.7 (record level, N = the training records)"
+            theorem="8.7 at record level with the record's unweighted loss clipped at L "
+            "(displacement gamma L: 8.7 with L N, i.e. the local guarantee of K updates)"
         )
         out["headline"] = "released"
         return out
@@ -296,8 +302,8 @@ def _headline(plan: CentralPlan) -> dict:
 
 def note(plan: CentralPlan) -> str:
     return {
-        "admm-central": "Theorem 8.7 (record level): every record's loss to anyone who sees the "
-        "released models; the server is trusted",
+        "admm-central": "Theorem 8.7 (record level) with each record's own loss clipped at L: "
+        "the local guarantee of a record's K updates, to anyone who sees the released models",
         "admm-federated": "Theorem 8.9: the server sees the sampled users' updates (local "
         "guarantee; with secure aggregation Remark 8.10); the released models: the central "
         "guarantee where Lemma E.5 applies",
@@ -391,9 +397,19 @@ def calibrate(cfg: Config, target_eps: float, *, method: str, budget: str) -> di
         "sensitivity": sens,
         "steps": plan.rounds,
         "eps": h["eps"],
-        "binding": dict(h),
+        "binding": {"source": 1 % plan.n, "observer": 0, **h},
         "worst_pair": {"source": 1 % plan.n, "observer": 0, **h},
         "mean_over_pairs": dict(h),
-        "ldp": h,
+        "ldp": _local(plan, hi),
         "accounting": note(plan),
     }
+
+
+def _local(plan: CentralPlan, sigma: float) -> dict:
+    """What a user's updates cost if every one of them were seen (the local guarantee, or the
+    headline where the protocol has no other)."""
+    g = guarantees(dataclasses.replace(plan, sigma=sigma))
+    if "local" in g:
+        return g["local"]
+    # No other figure: the headline itself, without a factor (nothing to gain over it).
+    return {**g[g["headline"]], "factor": None}

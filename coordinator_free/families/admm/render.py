@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from coordinator_free import yardstick as ys
-from coordinator_free.accounting.render import capped, fmt, print_central, table
+from coordinator_free.accounting.render import capped, fmt, table
 from coordinator_free.families.averaging import render as gossip
 
 ONE_PROCESS = ("admm-central", "admm-federated", "prox-sgd")
@@ -92,7 +92,10 @@ def print_amplification(rep: dict) -> None:
 def print_central_guarantees(rep: dict) -> None:
     print(f"accounting: {rep['accounting']}")
     print_guarantees(rep)
-    print_central(rep)
+    print(
+        "one process, no peers and no graph: the headline is every user's loss to anyone who "
+        "sees the released models; pairs and graph distances do not apply."
+    )
 
 
 def print_audit(rep: dict) -> None:
@@ -119,8 +122,7 @@ TERMS = (
 
 def print_audit_compact(audit: dict) -> None:
     if audit.get("central"):
-        gossip.print_audit_compact(audit)
-        print_guarantees(audit)
+        print_central_guarantees(audit)
         return
     gossip.print_audit_compact(audit, terms=TERMS)
 
