@@ -164,6 +164,7 @@ def admm(measured_gap: float | None, expected_gap: float, seeds: int) -> dict:
     return judge(
         measured_gap,
         expected_gap,
+        kind="objective-gap",
         quantity="objective gap F(z) - F* of the released model (mean over completed tokens)",
         basis=f"the mean objective gap of the simulator over {seeds} independent public seeds "
         "with the same public parameters (the noise and the walk alone)",
@@ -207,7 +208,12 @@ def lines(y: dict | None) -> list[str]:
     if y["measured"] is None:
         return [f"yardstick: nothing measured; the noise alone gives {fmt(y['expected'])}"]
     learning_ = "trivial" in y
-    if learning_:
+    if y.get("kind") == "objective-gap":
+        head = (
+            f"yardstick: objective gap {fmt(y['measured'])} against {fmt(y['expected'])}, "
+            f"{y['basis']}"
+        )
+    elif learning_:
         head = (
             f"yardstick: test loss {fmt(y['measured'])} against {fmt(y['expected'])} without "
             f"noise (trivial model: {fmt(y['trivial'])})"

@@ -176,6 +176,12 @@ def accounting_note(plan: ap.AdmmPlan, *, planned: bool) -> str:
     return (
         f"{graph}; 'paper' is the closed form, 'exact' the proof's sum over the horizon; "
         f"K_u: {count}; unit: one contribution, Gaussian ratio 4 gamma L / sigma"
+        + (
+            "; Theorem 8.12's proof takes the other users' steps as non-expansive (convex "
+            "losses, no clipping event); local DP needs only the clip bound"
+            if plan.complete_graph
+            else ""
+        )
     )
 
 
