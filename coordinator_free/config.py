@@ -103,6 +103,15 @@ class ProtocolSection:
     tokens: int = 1  # independent walks at once
     cap: int = 0  # contributions per node and token (0: no cap); past it a node adds noise only
     distributed_noise: bool = False  # ring-sum: Remark 1 (every hop adds sigma/sqrt(n-1))
+    # Private ADMM (admm, admm-central, admm-federated; prox-sgd reads clip and step_size):
+    # the prox step gamma, the relaxation lambda (u <- u + 2 lam (x - z + eta/2)); protocol.clip
+    # is the Lipschitz bound L of the users' losses (their implicit gradients are clipped to it).
+    # None: the family's default (left out of written configs).
+    gamma: float | None = None
+    lam: float | None = None
+    # admm-federated: users sampled per round (None: all) and secure aggregation of their updates.
+    users_per_round: int | None = None
+    secure_aggregation: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +144,9 @@ class DataSection:
 class ModelSection:
     kind: str = "auto"
     l2: float = 0.0
+    # The l1 regulariser's strength (the ADMM protocols' model.kind = "lasso", or "logistic"
+    # with an l1 penalty).
+    l1: float | None = None
     # Every parameter's starting value (public; None: 0, left out of written configs).
     init: float | None = None
 
@@ -513,6 +525,15 @@ def _refuse_ignored_graph_overrides(data: dict, overrides, source: str) -> None:
             )
 
 
+#: Keys that only some families read (``Family.own_keys``); None when not given.
+FAMILY_KEYS = (
+    "protocol.gamma",
+    "protocol.lam",
+    "protocol.users_per_round",
+    "protocol.secure_aggregation",
+    "model.l1",
+)
+
 MAX_NODES = 1 << 16  # the plan keeps dense n x n matrices
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
@@ -712,6 +733,13 @@ def _check_protocol_keys_in_use(cfg: Config, s: str, fam) -> None:
             f"{s}: protocol.clipping applies to the learning protocols "
             f"({', '.join(catalog.LEARNING_ALL)}) only"
         )
+    for key in FAMILY_KEYS:
+        section, name = key.split(".")
+        if getattr(getattr(cfg, section), name) is not None and key not in fam.own_keys:
+            raise ConfigError(
+                f"{s}: {key} is read by the protocols {', '.join(catalog.ADMM)} only, not by "
+                f"{pr.name!r} (remove it)"
+            )
     fam.validate(cfg, s)
     if cfg.faults.inject:
         from coordinator_free import faults as faults_mod

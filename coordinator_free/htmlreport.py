@@ -658,6 +658,9 @@ def _accuracy(m: Any, summary: dict | None = None) -> list[str]:
     ``summary`` (summary.json) as flat lines; nothing when there are no metrics."""
     if m is None or not m.rounds.size:
         return []
+    gap = m.columns.get("objective_gap")
+    if gap is not None and (gap == gap).any():
+        return _objective_gap(m, summary)
     acc = m.columns["avg_test_accuracy"]
     key = "avg_test_accuracy" if (acc == acc).any() else "avg_test_loss"
     label = "test accuracy" if key == "avg_test_accuracy" else "test loss"
@@ -682,6 +685,23 @@ def _accuracy(m: Any, summary: dict | None = None) -> list[str]:
     return [
         f'<h2 id="accuracy">{_e(label.capitalize())} by round</h2>',
         _scatter(pts2, xlabel="round", ylabel=label, lines=lines, css="pt2"),
+    ]
+
+
+def _objective_gap(m: Any, summary: dict | None = None) -> list[str]:
+    """Private ADMM: the objective gap F(z) - F* of the released model by step (the token's
+    steps, or a one-process run's rounds), with the yardstick's expected gap as a flat line."""
+    col = m.columns["objective_gap"]
+    series = [(float(r), float(y)) for r, y in zip(m.rounds, col, strict=True) if y == y]
+    lines = [(series, "acc", "F(z) - F*, released model")]
+    y = ((summary or {}).get("yardstick") or {}).get("expected")
+    if isinstance(y, int | float) and math.isfinite(y) and series:
+        lo, hi = series[0][0], series[-1][0]
+        lines.append(([(lo, float(y)), (hi, float(y))], "ref", f"yardstick: {_num(y)}"))
+    pts = [(x, v, f"step {int(x)}: objective gap {_num(v)}") for x, v in series]
+    return [
+        '<h2 id="accuracy">Objective gap by step</h2>',
+        _scatter(pts, xlabel="step", ylabel="objective gap", lines=lines, css="pt2"),
     ]
 
 

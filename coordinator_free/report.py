@@ -39,6 +39,7 @@ FILES = {
     "accuracy": "accuracy.png",
     "distance": "loss_vs_distance.png",
     "heatmap": "eps_heatmap.png",
+    "objective": "objective_gap.png",
 }
 #: report.html: beside the PNGs, instead of them, or not at all.
 HTML_MODES = ("also", "only", "no")
@@ -173,6 +174,8 @@ METRIC_KEYS = (
     "node_test_accuracy_mean",
     "node_test_accuracy_max",
     "consensus_distance",
+    "objective",
+    "objective_gap",
 )
 
 
@@ -323,6 +326,37 @@ def plot_accuracy(
         ax.set_title(f"Test loss vs round (regression: no accuracy) — {run_name}")
     caption = _yardstick_caption(summary)
     ax.set_xlabel("round (0 = before training)" + (f"\n{caption}" if caption else ""))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    _save(fig, path)
+
+
+def plot_objective(metrics: Metrics, path: Path, run_name: str, summary: dict | None) -> None:
+    """Private ADMM: the objective gap F(z) - F* of the released model after every step (the
+    token's steps, or the rounds of a one-process run), on a log scale."""
+    from matplotlib.ticker import MaxNLocator
+
+    rounds = metrics.rounds
+    gap = metrics.columns["objective_gap"]
+    fig = _figure(7.0, 4.5)
+    ax = fig.add_subplot()
+    keep = np.isfinite(gap)
+    positive = keep & (gap > 0)
+    ax.plot(rounds[keep], gap[keep], color="C1", lw=1.2, label="F(z) - F*, released model")
+    if positive.any() and positive.sum() == keep.sum():
+        ax.set_yscale("log")
+        ax.set_ylabel("objective gap (log scale)")
+    else:
+        ax.set_ylabel("objective gap")
+    y = (summary or {}).get("yardstick")
+    if isinstance(y, dict) and _is_num(y.get("expected")):
+        ax.axhline(
+            y["expected"], color="0.3", ls=":", lw=1,
+            label=f"yardstick: the simulator's mean final gap {_fmt(y['expected'])}",
+        )  # fmt: skip
+    ax.set_xlabel("step of the token (0 = before the first step)")
+    ax.set_title(f"Objective gap vs step — {run_name}")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best", fontsize="small")
@@ -590,6 +624,10 @@ def render_report(
         notes.append(f"{FILES['accuracy']} skipped: no metrics.jsonl (not a learning run)")
     elif metrics.rounds.size == 0:
         notes.append(f"{FILES['accuracy']} skipped: metrics.jsonl has no complete record")
+    elif np.isfinite(metrics.columns["objective_gap"]).any():
+        path = out / FILES["objective"]
+        plot_objective(metrics, path, run_name, _read_summary(run_dir))
+        files.append(str(path))
     else:
         path = out / FILES["accuracy"]
         plot_accuracy(metrics, path, run_name, notes, _read_summary(run_dir))

@@ -16,6 +16,10 @@ a bug). docs/yardstick.md defines the expected value of every family:
 * token histograms: the debiased randomized-response counts; the squared error summed over the
   levels has expectation ``(N (1 - q) + I (1 - 1/L)) / (1 - gamma)^2``, ``q = (1 - gamma +
   gamma/L)^2 + (L - 1) (gamma/L)^2`` whatever the values (N responses, I initial items).
+* private ADMM (``admm``, ``admm-central``, ``admm-federated``, ``prox-sgd``): the objective gap
+  ``F(z) - F*`` of the released model (mean over the completed tokens) against the mean gap of the
+  same protocol and public parameters run by the simulator from independent public seeds (its
+  noise and walk alone; ``F*`` by accelerated proximal gradient on the same shards).
 * learning (every model-training protocol, token walks carrying a model included): the final
   test loss against that of the same run without noise (the ``noise_free`` reference).
 
@@ -151,6 +155,22 @@ def walk(plan, results: dict) -> dict:
     )
 
 
+# ------------------------------------------------------------------------- private ADMM
+
+
+def admm(measured_gap: float | None, expected_gap: float, seeds: int) -> dict:
+    """The yardstick of a private-ADMM run: its objective gap against the simulator's mean gap
+    over ``seeds`` independent public seeds of the same plan."""
+    return judge(
+        measured_gap,
+        expected_gap,
+        kind="objective-gap",
+        quantity="objective gap F(z) - F* of the released model (mean over completed tokens)",
+        basis=f"the mean objective gap of the simulator over {seeds} independent public seeds "
+        "with the same public parameters (the noise and the walk alone)",
+    )
+
+
 # ------------------------------------------------------------------------- learning
 
 
@@ -188,7 +208,12 @@ def lines(y: dict | None) -> list[str]:
     if y["measured"] is None:
         return [f"yardstick: nothing measured; the noise alone gives {fmt(y['expected'])}"]
     learning_ = "trivial" in y
-    if learning_:
+    if y.get("kind") == "objective-gap":
+        head = (
+            f"yardstick: objective gap {fmt(y['measured'])} against {fmt(y['expected'])}, "
+            f"{y['basis']}"
+        )
+    elif learning_:
         head = (
             f"yardstick: test loss {fmt(y['measured'])} against {fmt(y['expected'])} without "
             f"noise (trivial model: {fmt(y['trivial'])})"

@@ -43,6 +43,10 @@ WALKS = {
     "ring-sum": (EX / "ring-sum.toml", ["graph.nodes=5", "protocol.cycles=4"]),
     "complete-sum": (EX / "complete-sum.toml", ["graph.nodes=5", "protocol.hops=80"]),
     "walk-sgd": (EX / "walk-sgd.toml", ["protocol.hops=60"]),  # its 16-node hypercube
+    "admm": (
+        EX / "admm-lasso.toml",
+        ["graph.nodes=5", "protocol.hops=40", "data.samples=200", "data.features=8"],
+    ),
 }
 ALL = {**GOSSIP, **WALKS}
 DEADLINE = 1.0

@@ -183,7 +183,10 @@ SMALL: dict[str, tuple[str, ...]] = {
     "ring-histogram": ("graph.nodes=16",),
     "ring-sum": (),
     "walk-sgd": (),
-}
+    "admm-lasso": ("graph.nodes=8", "protocol.hops=24", "data.samples=200", "data.features=8"),
+    "prox-sgd-lasso": ("graph.nodes=4", "protocol.rounds=10", "data.samples=200",
+                       "data.features=8"),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -238,7 +241,7 @@ CLI_CASES: list[CliCase] = [
 
 def test_every_example_config_is_pinned() -> None:
     assert sorted(SMALL) == sorted(p.stem for p in EXAMPLES.glob("*.toml"))
-    assert len(SMALL) == 14
+    assert len(SMALL) == 16
 
 
 @pytest.mark.parametrize("case", CLI_CASES, ids=lambda c: c.name)

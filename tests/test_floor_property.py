@@ -80,6 +80,16 @@ CONFIGS = {
     "complete-histogram": (EX / "complete-histogram.toml", ["graph.nodes=5", "protocol.hops=20"]),
     "complete-sgd": (EX / "complete-sgd.toml", ["graph.nodes=5", "protocol.hops=20"]),
     "walk-sgd": (EX / "walk-sgd.toml", ["graph.dim=2", "protocol.hops=16"]),
+    "admm": (EX / "admm-lasso.toml", ["graph.nodes=5", "protocol.hops=20", "data.samples=200",
+                                      "data.features=8"]),
+    **{
+        name: (EX / "admm-lasso.toml", [f"protocol.name={name}", "protocol.hops=auto",
+                                        "protocol.rounds=3", "graph.nodes=4", "data.samples=200",
+                                        "data.features=8"])
+        for name in ("admm-central", "admm-federated")
+    },
+    "prox-sgd": (EX / "prox-sgd-lasso.toml", ["protocol.rounds=3", "graph.nodes=4",
+                                              "data.samples=200", "data.features=8"]),
 }  # fmt: skip
 
 DAMAGES = ("delete", "truncate-boundary", "truncate-random", "flip", "all-half")

@@ -291,40 +291,25 @@ def cmd_run(args) -> int:
 
 
 def _run_central(args, cfg, out: Path) -> int:
-    """A protocol without peers (the trusted-curator baseline): one process holds every shard;
-    no view logs."""
+    """A protocol without peers (a trusted-curator baseline): one process holds every shard;
+    no view logs. The family runs it and writes its results into the run directory."""
     import secrets
     import time
 
     from coordinator_free import seeds
     from coordinator_free.accounting.audit import audit_run, save_audit
-    from coordinator_free.sim import simulate_learning
 
+    family = family_of(cfg.protocol.name)
     t0 = time.monotonic()
     # The curator's noise must be secret: a fresh 256-bit seed, not the public run seed.
     streams = seeds.PublicSeedStreams(int.from_bytes(secrets.token_bytes(32), "big"))
-    sim = simulate_learning(cfg, streams=streams)
-    wall = time.monotonic() - t0
     rundir.results_dir(out).mkdir(exist_ok=True)
-    rundir.write_npy(rundir.central_models_path(out), sim.models[:, 0])
-    rundir.write_jsonl(rundir.metrics_path(out), sim.metrics)
-    final = sim.metrics[-1]
-    results = {
-        "protocol": cfg.protocol.name,
-        "rounds": sim.plan.rounds,
-        "gossip_steps": 0,
-        "steps": 0,
-        "nodes": [],
-        "metrics": sim.metrics,
-        "central": {
-            "test_loss": final["avg_test_loss"],
-            "test_accuracy": final["avg_test_accuracy"],
-        },
-    }
+    results, plan = family.run_one_process(cfg, out, streams)
+    wall = time.monotonic() - t0
     summary = {"run_dir": str(out), "wall_s": wall, "results": results,
                "simulator_max_abs_diff": None, "failed": []}  # fmt: skip
-    summary["reference"] = family_of(cfg.protocol.name).reference(cfg)
-    summary["yardstick"] = family_of(cfg.protocol.name).yardstick(cfg, sim.plan, summary)
+    summary["reference"] = family.reference(cfg)
+    summary["yardstick"] = family.yardstick(cfg, plan, summary)
     audit = None
     if not args.no_audit:
         audit = audit_run(out)

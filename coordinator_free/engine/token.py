@@ -76,11 +76,21 @@ class TokenRules:
     (``initial_token(plan, token, streams, cfg)``), the hop loop while the token stays with a
     holder (``hops(plan, cfg, token, node, step, tau, counts, streams)``, yielding hops with
     ``s``, ``tau``, ``used`` and ``nxt``), and the re-route draw
-    (``next_hop(plan, node, token, step, streams, exclude, attempt)``)."""
+    (``next_hop(plan, node, token, step, streams, exclude, attempt)``).
+
+    ``counts`` is the token's per-node state, kept by the engine across the token's visits
+    and handed to every ``hops`` call: on a peer it holds this node's entry only, in the
+    simulator every node's. What an entry is belongs to the protocol (the walks: the node's
+    number of contributions; ADMM: that and the node's dual block).
+
+    ``step_values``: every ``token-step`` record also carries the token after the step (its
+    digest, and its value when values are logged), for protocols whose progress is read from
+    the token at every step (the objective of ADMM)."""
 
     initial_token: Callable
     hops: Callable
     next_hop: Callable
+    step_values: bool = False
 
 
 #: Every way a walk can end, one vocabulary for the engine, its messages and the auditor:
@@ -156,7 +166,7 @@ class TokenEngine:
         self.log_values = log_values
         self.out = Outbox(node)
         self.neighbours = plan.neighbours(node)
-        self.counts: dict[int, dict[int, int]] = {}  # token -> {this node: contributions}
+        self.counts: dict[int, dict] = {}  # token -> {this node: its state (TokenRules)}
         self.ended: dict[int, dict] = {}
         self.finals: dict[int, list[float]] = {}
         self.offers: dict[int, _Offer] = {}
@@ -312,7 +322,13 @@ class TokenEngine:
             self.plan, self.cfg, token, self.node, step, tau, counts, self.streams
         ):
             self.steps_made += 1
-            self.out.log("token-step", token=token, step=h.s, data=h.used)
+            if self.rules.step_values:
+                fields = {"digest": value_digest(h.tau)}
+                if self.log_values:
+                    fields["value"] = h.tau
+                self.out.log("token-step", token=token, step=h.s, data=h.used, **fields)
+            else:
+                self.out.log("token-step", token=token, step=h.s, data=h.used)
             self._progress(h.s + 1)
             if h.nxt is None:
                 self.finals[token] = [float(x) for x in h.tau]

@@ -61,7 +61,7 @@ def _load() -> None:
     if _loaded:
         return
     _loaded = True
-    from coordinator_free.families import averaging, decor, learning, randomized, walk
+    from coordinator_free.families import admm, averaging, decor, learning, randomized, walk
 
-    for mod in (averaging, randomized, learning, decor, walk):
+    for mod in (averaging, randomized, learning, decor, walk, admm):
         register(mod.FAMILY)

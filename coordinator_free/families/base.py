@@ -31,6 +31,8 @@ class Family:
     clocks: bool = False
     #: Whether the protocol adds pairwise-correlated noise (``privacy.sigma_cor``, collusion).
     correlated_noise: bool = False
+    #: The keys of ``config.FAMILY_KEYS`` this family reads (the others are refused).
+    own_keys: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ what kind of protocol
 
@@ -78,6 +80,12 @@ class Family:
         """The sans-IO engine of one node (``coordinator_free.engine``): the family's node
         program, fed events and time by the peer shell or the in-memory network."""
         raise NotImplementedError(f"{self.name}: node_engine")
+
+    def run_one_process(self, cfg, out: Path, streams) -> tuple[dict, Any]:
+        """``cfree run`` of a protocol without peers (:meth:`has_peers` False): run it in this
+        process with the secret ``streams``, write its outputs into the run directory ``out``
+        and return (the summary's ``results``, the plan)."""
+        raise NotImplementedError(f"{self.name}: run_one_process")
 
     def simulate(self, cfg, plan=None, streams=None, **opts: Any):
         """A fault-free run in one process, with the node programs the peers run."""

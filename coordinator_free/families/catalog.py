@@ -19,10 +19,13 @@ WALK = (
     "complete-sgd",
     "walk-sgd",
 )
+#: Private ADMM (consensus ERM): decentralized over a token walk (admm), and the one-process
+#: centralized, federated and proximal-SGD baselines.
+ADMM = ("admm", "admm-central", "admm-federated", "prox-sgd")
 #: Every protocol that learns a model from data shards with rounds (named in error messages).
 LEARNING_ALL = LEARNING + DECOR
 #: Every protocol, in the order the docs list them.
-ALL = AVERAGING + RANDOMIZED + LEARNING + DECOR + WALK
+ALL = AVERAGING + RANDOMIZED + LEARNING + DECOR + WALK + ADMM
 
 #: The protocols that accept privacy.sigma = 0 (plain gossip, plain D-GD: no privacy), to show
 #: what ``cfree attack`` reconstructs without noise.

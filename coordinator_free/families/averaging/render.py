@@ -201,7 +201,9 @@ TERMS = (
 )
 
 
-def print_audit_compact(audit: dict, *, extra: Callable[[dict], None] | None = None) -> None:
+def print_audit_compact(
+    audit: dict, *, extra: Callable[[dict], None] | None = None, terms: str = TERMS
+) -> None:
     """PNDP table by graph distance: mean and max eps over pairs, both methods (paper capped at
     local DP, marked ^; marked ! where the accountant found a pair of that distance whose paper
     figure is below its exact loss, with how many), how many pairs are below local DP, then
@@ -251,7 +253,7 @@ def print_audit_compact(audit: dict, *, extra: Callable[[dict], None] | None = N
             rows,
         )
     )
-    print(textwrap.fill(TERMS, 100, subsequent_indent="  "))
+    print(textwrap.fill(terms, 100, subsequent_indent="  "))
     if raw_above:
         print(baseline.LEGEND)
     print_below_exact(audit)

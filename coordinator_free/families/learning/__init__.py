@@ -72,6 +72,29 @@ class Learning(Gossip, Family):
 
         return engine(cfg, plan, node, streams)
 
+    def run_one_process(self, cfg, out, streams):
+        """central-dp: the curator's run; its models and per-round metrics into the run
+        directory."""
+        from coordinator_free import rundir
+
+        sim = self.simulate_as_peers(cfg, None, streams)
+        rundir.write_npy(rundir.central_models_path(out), sim.models[:, 0])
+        rundir.write_jsonl(rundir.metrics_path(out), sim.metrics)
+        final = sim.metrics[-1]
+        results = {
+            "protocol": cfg.protocol.name,
+            "rounds": sim.plan.rounds,
+            "gossip_steps": 0,
+            "steps": 0,
+            "nodes": [],
+            "metrics": sim.metrics,
+            "central": {
+                "test_loss": final["avg_test_loss"],
+                "test_accuracy": final["avg_test_accuracy"],
+            },
+        }
+        return results, sim.plan
+
     def simulate(self, cfg, plan=None, streams=None, *, keep_correlated=False, **opts):
         # keep_correlated: no correlated noise here, nothing to keep.
         from coordinator_free.families.learning.simulate import simulate
