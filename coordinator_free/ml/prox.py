@@ -28,13 +28,37 @@ Proximal operators, ``prox_{t h}(v) = argmin_x h(x) + ||x - v||^2 / (2 t)``:
   ``NEWTON_MAX_ITER`` steps. By ``1/t``-strong convexity the distance to the exact prox is at
   most ``t ||grad phi(x)||``, i.e. about ``NEWTON_TOL (t + ||v||)``.
 
-**The clipped step and its sensitivity** (:func:`clipped_prox`). Any proximal point satisfies
-``x = v - t g`` with ``g = grad f(x)`` (the *implicit gradient*). We compute ``x~`` (exactly, or
-by Newton), set ``g = (v - x~) / t`` and return ``x = v - t clip(g, L)``, ``clip(g, L) = g
-min(1, L / ||g||)``. Hence ``||x - v|| <= t L`` holds *by construction*, whatever the data and
-whatever the Newton error: the error only moves ``x`` (by at most ``t * NEWTON_TOL`` before
-clipping), never the bound the privacy theorems use. When ``||g|| <= L`` nothing is clipped and
-``x`` is the (numerically) exact prox; for an ``L``-Lipschitz loss this is always the case.
+**The Lipschitz surrogate and its sensitivity** (:func:`clipped_prox`). Every loss here is
+``ell(a . w; y)`` with ``ell`` convex in the scalar ``s = a . w``. The surrogate of bound ``L``
+clamps its derivative per record: ``ell_L'(s) = clip(ell'(s), -L/||a||, L/||a||)``. A clamped
+non-decreasing derivative is still non-decreasing, so ``ell_L`` is convex, and its gradient
+``ell_L'(a . w) a`` has norm at most ``L``: every record's loss is convex and ``L``-Lipschitz
+(least squares becomes a Huber loss of threshold ``L/||a||``; logistic a logistic continued
+linearly where its slope exceeds ``L/||a||``), its gradient the record's gradient clipped to
+``L``. Where no record is clamped it *is* the loss. The shard loss (the mean over its ``m``
+records) is convex and ``L``-Lipschitz, so the private-ADMM theorems' hypotheses hold exactly:
+
+* ``x = prox_{t f_L}(v)`` satisfies ``||x - v|| = t ||grad f_L(x)|| <= t L``;
+* two shards differing in one record (record level) give ``||x - x'|| <= 2 t L / m``: ``phi(w)
+  = f_L(w) + ||w - v||^2 / (2 t)`` is ``1/t``-strongly convex with ``grad phi(x) = 0`` and
+  ``grad phi(x') = grad phi(x') - grad phi'(x') = (g_j(x') - g'_j(x')) / m`` (only record ``j``
+  differs, each gradient of norm at most ``L``), so ``||x' - x||^2 / t <= <grad phi(x'), x' - x>
+  <= (2 L / m) ||x' - x||``;
+* the prox of a convex function is firmly non-expansive (Theorem 8.12's other users' steps).
+
+The prox is computed by safeguarded Newton on ``phi`` (Armijo backtracking on ``phi``'s value; the
+surrogate's second derivative is the loss's where it is not clamped, 0 where it is), started at
+``v``, until ``t ||grad phi(x)|| <= PROX_TOL_REL * t * L``: by ``1/t``-strong convexity the
+iterate is then within ``PROX_TOL_REL * t * L`` of the exact prox (a certificate, checked, not
+assumed: a solve that cannot certify it raises). Its result is then projected on the ball
+``||x - v|| <= t L`` (which holds the exact prox, so the projection only moves it closer): the
+user-level bound ``||x - v|| <= t L`` holds *by construction*. The record-level bound holds up to
+the certified error of both solves: ``||x - x'|| <= 2 t L (1/m + PROX_TOL_REL)``, and the
+computed map of a user is non-expansive up to ``2 PROX_TOL_REL t L`` (the accountant adds both to
+the sensitivity, ``privacy.admm.effective_lipschitz``). With ``L = inf`` the plain prox is used.
+One-record shards (:func:`clipped_prox_records`) solve the scalar equation in closed form (lstsq)
+or by safeguarded Newton, and clamp the root's coefficient: for one record this is exactly the
+surrogate's prox, and ``|coef| ||a|| <= L`` holds by construction.
 """
 
 from __future__ import annotations
@@ -51,6 +75,10 @@ REGULARISERS = ("l1", "l2", "none")
 NEWTON_TOL = 1e-12
 #: ... or after this many Newton steps.
 NEWTON_MAX_ITER = 100
+#: The surrogate prox is certified within this fraction of ``t L`` of the exact one.
+PROX_TOL_REL = 1e-10
+#: Newton steps allowed to certify it (each with Armijo backtracking).
+PROX_MAX_ITER = 200
 
 
 def _log1pexp(u: np.ndarray) -> np.ndarray:
@@ -138,6 +166,53 @@ class Objective:
         """Gradient of the mean loss."""
         return X.T @ self.row_coefs(w, X, y) / X.shape[0]
 
+    def row_curvature(self, w: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """``ell''(x_j . w)`` of every row (1 for lstsq, ``sigma (1 - sigma)`` for logistic)."""
+        if self.loss == "lstsq":
+            return np.ones(X.shape[0])
+        sig = _sigmoid(-self._signs(y) * (X @ w))
+        return sig * (1.0 - sig)
+
+    # -- the L-Lipschitz surrogate (module docstring) ----------------------------------------
+
+    def surrogate_coefs(
+        self, w: np.ndarray, X: np.ndarray, y: np.ndarray, bound: float
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(ell_L'(s_j), ell_L''(s_j), clamped_j)`` per row: the derivative clamped to
+        ``[-L/||x_j||, L/||x_j||]``, its derivative (0 where clamped)."""
+        d = self.row_coefs(w, X, y)
+        dd = self.row_curvature(w, X, y)
+        if math.isinf(bound):
+            return d, dd, np.zeros(d.shape, dtype=bool)
+        norms = np.linalg.norm(X, axis=1)
+        c = np.where(norms > 0, bound / np.where(norms > 0, norms, 1.0), np.inf)
+        clamped = np.abs(d) > c
+        return np.clip(d, -c, c), np.where(clamped, 0.0, dd), clamped
+
+    def surrogate_loss_value(self, w: np.ndarray, X: np.ndarray, y: np.ndarray, bound: float):
+        """The mean of the rows' surrogate losses ``ell_L(x_j . w)`` (``= loss_value`` where no
+        row is clamped): the loss up to the clamp point ``s0``, then continued linearly with
+        the clamped slope."""
+        if math.isinf(bound):
+            return self.loss_value(w, X, y)
+        score = X @ w
+        norms = np.linalg.norm(X, axis=1)
+        c = np.where(norms > 0, bound / np.where(norms > 0, norms, 1.0), np.inf)
+        if self.loss == "lstsq":
+            r = np.abs(score - y)
+            vals = np.where(r <= c, 0.5 * r * r, c * r - 0.5 * c * c)
+            return float(np.mean(vals))
+        s = self._signs(y)
+        # ell(u) = log(1 + exp(-u)) in the margin u = s * score; |ell'(u)| = sigmoid(-u) > c
+        # for u < u0 = log((1 - c) / c) (c < 1), where ell is continued with slope -c.
+        marg = s * score
+        with np.errstate(divide="ignore", invalid="ignore"):
+            u0 = np.where(c < 1.0, np.log((1.0 - np.minimum(c, 1.0)) / c), -np.inf)
+        u0s = np.where(np.isfinite(u0), u0, 0.0)  # the linear branch is used only where finite
+        lin = _log1pexp(-u0s) + np.where(np.isfinite(c), c, 0.0) * (u0s - marg)
+        vals = np.where(marg < u0, lin, _log1pexp(-marg))
+        return float(np.mean(vals))
+
     # -- proximal operators --------------------------------------------------------------------
 
     def prox_reg(self, v: np.ndarray, t: float) -> np.ndarray:
@@ -192,30 +267,93 @@ class Objective:
         return x
 
 
+def _project(x: np.ndarray, v: np.ndarray, radius: float) -> np.ndarray:
+    """``x`` projected on the ball ``||x - v|| <= radius``."""
+    d = x - v
+    norm = float(np.linalg.norm(d))
+    if norm > radius:
+        return v + d * (radius / norm)
+    return x
+
+
+def surrogate_prox(
+    obj: Objective, v: np.ndarray, X: np.ndarray, y: np.ndarray, t: float, bound: float
+) -> tuple[np.ndarray, bool, float]:
+    """``prox_{t f_L}(v)``, ``f_L`` the mean surrogate loss of bound ``L`` (module docstring):
+    ``(x, some row clamped at x, certified distance to the exact prox)``. Safeguarded Newton
+    until ``t ||grad phi|| <= PROX_TOL_REL t L``, then projected on ``||x - v|| <= t L``;
+    raises ``ArithmeticError`` when it cannot certify that tolerance."""
+    m, p = X.shape
+    tol = PROX_TOL_REL * bound  # on ||grad phi||: distance <= t * tol = PROX_TOL_REL t L
+
+    def phi(w: np.ndarray) -> float:
+        dw = w - v
+        return obj.surrogate_loss_value(w, X, y, bound) + float(dw @ dw) / (2.0 * t)
+
+    x = v.copy()
+    d, dd, clamped = obj.surrogate_coefs(x, X, y, bound)
+    grad = X.T @ d / m + (x - v) / t
+    norm = float(np.linalg.norm(grad))
+    val = phi(x)
+    for _ in range(PROX_MAX_ITER):
+        if norm <= tol:
+            break
+        hess = (X.T * (dd / m)) @ X + np.eye(p) / t
+        step = np.linalg.solve(hess, grad)
+        slope = float(grad @ step)  # > 0: the Newton step descends (hess is positive definite)
+        a = 1.0
+        while True:
+            x_new = x - a * step
+            val_new = phi(x_new)
+            if val_new <= val - 1e-4 * a * slope or a < 1e-12:
+                break
+            a *= 0.5
+        d, dd, clamped = obj.surrogate_coefs(x_new, X, y, bound)
+        grad_new = X.T @ d / m + (x_new - v) / t
+        norm_new = float(np.linalg.norm(grad_new))
+        if a < 1e-12 and not norm_new < norm:
+            break  # no progress left at this precision
+        x, grad, norm, val = x_new, grad_new, norm_new, val_new
+    if not norm <= tol:
+        raise ArithmeticError(
+            f"the surrogate prox did not certify its tolerance: ||grad phi|| = {norm:.3g} > "
+            f"{tol:.3g} (PROX_TOL_REL * L) after {PROX_MAX_ITER} Newton steps"
+        )
+    return _project(x, v, t * bound), bool(np.any(clamped)), t * norm
+
+
 def clipped_prox(
     obj: Objective, v: np.ndarray, X: np.ndarray, y: np.ndarray, t: float, clip_bound: float
 ) -> tuple[np.ndarray, bool]:
-    """``x = v - t clip(g, L)`` with ``g = (v - prox_{t f}(v)) / t``; returns ``(x, clipped)``.
-
-    ``||x - v|| <= t L`` exactly (see the module docstring); ``L = inf`` gives the plain prox.
-    """
+    """``x = prox_{t f_L}(v)``, ``f_L`` the mean of the records' ``L``-Lipschitz surrogate losses
+    (module docstring); returns ``(x, some record's gradient clamped)``. ``||x - v|| <= t L``
+    exactly; ``L = inf`` gives the plain prox."""
     if not clip_bound > 0:
         raise ValueError(f"clip bound L must be positive, got {clip_bound!r}")
+    if not t > 0:
+        raise ValueError(f"prox step t must be positive, got {t!r}")
     v = np.asarray(v, dtype=np.float64)
-    g = (v - obj.prox_loss(v, X, y, t)) / t
-    g, clipped = clip(g, clip_bound)
-    return v - t * g, clipped
+    if math.isinf(clip_bound):
+        return obj.prox_loss(v, X, y, t), False
+    if X.shape[0] == 1:
+        rows, clamped = clipped_prox_records(obj, v[None, :], X, y, t, clip_bound)
+        return rows[0], bool(clamped[0])
+    x, clamped, _err = surrogate_prox(obj, v, X, y, t, clip_bound)
+    return x, clamped
 
 
 def clipped_prox_records(
     obj: Objective, V: np.ndarray, X: np.ndarray, y: np.ndarray, t: float, clip_bound: float
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`clipped_prox` for many one-record users at once: row ``j`` of the result is
-    ``clipped_prox(obj, V[j], X[j:j+1], y[j:j+1], t, L)``; returns ``(rows, clipped mask)``.
+    """:func:`clipped_prox` for many one-record users at once: row ``j`` of the result is the
+    surrogate prox of record ``j`` at ``V[j]``; returns ``(rows, clamped mask)``.
 
     With one record the loss is ``ell(a . x)`` and the prox satisfies ``x = v - t ell'(s) a`` with
     ``s = a . x`` the root of the increasing scalar equation ``s + t ||a||^2 ell'(s) = a . v``:
-    closed form for lstsq, safeguarded Newton (to ``NEWTON_TOL``) for logistic.
+    closed form for lstsq, safeguarded Newton (to ``NEWTON_TOL``) for logistic. The surrogate's
+    root has ``ell_L'(s) = clip(ell'(s_0), -L/||a||, L/||a||)`` at the loss's root ``s_0`` (the
+    clamped equation lies on the same side of the unclamped one as the clamp), so clamping the
+    coefficient of the loss's prox is the surrogate's prox, exactly.
     """
     if not t > 0:
         raise ValueError(f"prox step t must be positive, got {t!r}")

@@ -76,6 +76,8 @@ import numpy as np
 from scipy import special
 
 __all__ = [
+    "PRIVACY_UNITS",
+    "effective_lipschitz",
     "sensitivity",
     "factor_of",
     "network_rho",
@@ -302,9 +304,42 @@ def network_rho(K_i, L, gamma, sigma, n, *, hop_probability=None) -> float:
     return network_rho_conservative(K_i, L, gamma, sigma, n, hop_probability=hop_probability)
 
 
+#: The privacy units of the decentralized protocol: a neighbouring dataset replaces one user's
+#: whole shard (``"user"``, the theorems' setting) or one record of one user (``"record"``).
+PRIVACY_UNITS = ("user", "record")
+
+
+def effective_lipschitz(L, *, unit: str = "user", m_min: int = 1, steps: int = 0) -> float:
+    """The ``L`` every formula of this module is to be evaluated at so that ``4 gamma L_eff`` is
+    the Gaussian shift of one contribution (in units of ``lam``; docs/privacy.md, Private ADMM):
+
+    * ``unit = "user"``: the surrogate prox is projected on ``||x - v|| <= gamma L`` (so the source
+      moves x by at most ``2 gamma L``, by construction);
+    * ``unit = "record"``: one record of a shard of ``m >= m_min`` records moves the exact prox by
+      at most ``2 gamma L / m``, and each of the two certified solves adds ``PROX_TOL_REL gamma
+      L`` (``ml.prox``);
+    * and, for Theorem 8.12's proof, the computed steps of the other users are non-expansive up to
+      ``2 PROX_TOL_REL gamma L`` each (their solves are certified, not exact): ``steps`` of them
+      add that to the shift.
+
+    ``L_eff = L (1 + steps tol)`` (user) or ``L (1 / m_min + (1 + steps) tol)`` (record),
+    ``tol = PROX_TOL_REL``."""
+    from coordinator_free.ml.prox import PROX_TOL_REL
+
+    L = _pos("L (clip)", L)
+    steps = _count("steps", steps)
+    if unit == "user":
+        return L * (1.0 + steps * PROX_TOL_REL)
+    if unit == "record":
+        m = _count("m_min (smallest shard)", m_min, low=1)
+        return L * (1.0 / m + (1 + steps) * PROX_TOL_REL)
+    raise ValueError(f"unit must be one of {', '.join(PRIVACY_UNITS)}, got {unit!r}")
+
+
 def sensitivity(L, gamma) -> float:
     """The unit of the typed loss path: ``Units(sensitivity=4 gamma L, sigma=sigma)`` makes
-    factor 1 one local release (``lam`` cancels: shift ``4 lam gamma L``, noise ``lam sigma``)."""
+    factor 1 one local release (``lam`` cancels: shift ``4 lam gamma L``, noise ``lam sigma``);
+    ``L`` the :func:`effective_lipschitz` of the unit."""
     return 4.0 * _pos("gamma", gamma) * _pos("L (clip)", L)
 
 

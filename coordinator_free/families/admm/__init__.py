@@ -36,12 +36,18 @@ class Admm(Family):
 
     def sensitivity(self, cfg) -> float:
         """A contribution's Gaussian shift: the block u_i moves by at most 4 lam gamma L under
-        noise lam sigma, i.e. sensitivity 4 gamma L at noise sigma (prox-sgd: 2, sigma being
-        its noise multiplier on the clipped gradients)."""
+        noise lam sigma, i.e. sensitivity 4 gamma L at noise sigma, L the unit's
+        (``privacy.admm.effective_lipschitz``: L / m_min at record level, plus the certified
+        tolerance of the prox solves); prox-sgd: 2, sigma being its noise multiplier on the
+        clipped gradients."""
         from coordinator_free.families.admm.protocol import gamma_of
 
         if cfg.protocol.name == "prox-sgd":
             return 2.0
+        if cfg.protocol.name == "admm":
+            from coordinator_free.families.admm.protocol import make_plan
+
+            return make_plan(cfg).sensitivity
         return 4.0 * gamma_of(cfg) * cfg.protocol.clip
 
     def banner(self, cfg, plan):

@@ -57,7 +57,7 @@ def units_of(plan: ap.AdmmPlan) -> loss.Units:
     return loss.Units(
         alpha=plan.alpha,
         delta=plan.delta * 2.0 / 3.0,
-        sensitivity=4.0 * plan.gamma * plan.clip,
+        sensitivity=4.0 * plan.gamma * plan.lipschitz,
         sigma=plan.sigma,
     )
 
@@ -81,14 +81,14 @@ def contributions_bound(plan: ap.AdmmPlan) -> int:
 def alpha_max(plan: ap.AdmmPlan) -> float:
     """The orders Theorem 8.12 allows (its sigma condition ``sigma > 2 L gamma sqrt(alpha
     (alpha - 1))``)."""
-    return float(_acct().alpha_max(plan.sigma, plan.clip, plan.gamma))
+    return float(_acct().alpha_max(plan.sigma, plan.lipschitz, plan.gamma))
 
 
 def ldp_entry(plan: ap.AdmmPlan, K: int | None = None) -> dict:
     """Local DP of K contributions (default: the plan's bound): Theorem 8.9's local guarantee
     ``privacy.admm.local_rho`` (linear in alpha, every order), in units of one release."""
     K = contributions_bound(plan) if K is None else int(K)
-    rho = _acct().local_rho(K, plan.clip, plan.gamma, plan.sigma)
+    rho = _acct().local_rho(K, plan.lipschitz, plan.gamma, plan.sigma)
     f = rho / units_of(plan).ldp_rho
     return units_of(plan).rdp_bound(f).entry(contributions=K, delta_view=plan.delta * 2.0 / 3.0)
 
@@ -104,7 +104,7 @@ def _network_exact(plan: ap.AdmmPlan, contributions, visits) -> Callable[[float]
         total = 0.0
         for c, vis in zip(contributions, visits, strict=True):
             r = acct.network_rdp(
-                alpha, plan.n, c, plan.hops, plan.clip, plan.gamma, plan.sigma,
+                alpha, plan.n, c, plan.hops, plan.lipschitz, plan.gamma, plan.sigma,
                 observer_visits=vis,
             )  # fmt: skip
             if r is None:
@@ -137,14 +137,15 @@ def theorem_entry(
     elif alpha_max(plan) <= 1.0 + 1e-9:
         why = (
             f"Theorem 8.12 needs sigma > 2 L gamma sqrt(alpha (alpha - 1)) for some alpha > 1; "
-            f"sigma = {plan.sigma:g}, L = {plan.clip:g}, gamma = {plan.gamma:g} allow none"
+            f"sigma = {plan.sigma:g}, L = {plan.lipschitz:g} (the unit's), gamma = {plan.gamma:g} "
+            "allow none"
         )
     else:
         amax = alpha_max(plan)
         units = units_of(plan)
         if method == "paper":
             K = int(sum(c if isinstance(c, int) else len(c) for c in contributions))
-            rho = _acct().network_rho_closed(K, plan.clip, plan.gamma, plan.sigma, plan.n)
+            rho = _acct().network_rho_closed(K, plan.lipschitz, plan.gamma, plan.sigma, plan.n)
             t = loss.theorem(units, rho / units.ldp_rho, amax, cap=ldp["eps"]).entry()
         else:
             at = _network_exact(plan, contributions, visits)
@@ -167,21 +168,29 @@ def accounting_note(plan: ap.AdmmPlan, *, planned: bool) -> str:
         if planned
         else "each user's contributions counted in the logs, never below the plan"
     )
+    level = "user level" if plan.unit == "user" else "record level"
     graph = (
-        "complete graph: Theorem 8.12 (network RDP, user level) at the orders its sigma "
+        f"complete graph: Theorem 8.12 (network RDP, {level}) at the orders its sigma "
         "condition allows, capped by local DP"
         if plan.complete_graph
         else "not the complete graph: local DP only (Theorem 8.12 is proved on the complete graph)"
     )
+    if plan.unit == "user":
+        unit = (
+            "privacy unit: one user's whole shard; one contribution moves x by at most "
+            "2 gamma L, Gaussian ratio 4 gamma L / sigma"
+        )
+    else:
+        unit = (
+            f"privacy unit: one record of one user; one contribution moves x by at most "
+            f"2 gamma L / m_min (m_min = {plan.min_shard} records in the smallest step's loss), "
+            "Gaussian ratio 4 gamma L / (m_min sigma)"
+        )
     return (
         f"{graph}; 'paper' is the closed form, 'exact' the proof's sum over the horizon; "
-        f"K_u: {count}; unit: one contribution, Gaussian ratio 4 gamma L / sigma"
-        + (
-            "; Theorem 8.12's proof takes the other users' steps as non-expansive (convex "
-            "losses, no clipping event); local DP needs only the clip bound"
-            if plan.complete_graph
-            else ""
-        )
+        f"K_u: {count}; {unit}; every record's loss is its convex L-Lipschitz surrogate (its "
+        "derivative clamped), so the theorems' hypotheses hold exactly; the certified tolerance "
+        "of the prox solves is added to the sensitivity"
     )
 
 
@@ -202,7 +211,9 @@ def plan_report(cfg: Config, plan: ap.AdmmPlan, *, source: int | None, method: s
         "accelerated": False,
         "spectral_gap": plan.spectral_gap,
         "sigma": plan.sigma,
-        "sensitivity": 4.0 * plan.gamma * plan.clip,
+        "sensitivity": 4.0 * plan.gamma * plan.lipschitz,
+        "unit": plan.unit,
+        "min_shard": plan.min_shard,
         "gamma": plan.gamma,
         "lam": plan.lam,
         "clip": plan.clip,
@@ -395,7 +406,7 @@ def calibrate(cfg: Config, target_eps: float, *, method: str, budget: str) -> di
         e = theorem_entry(p, method, ldp)
         return e, ldp
 
-    sens = 4.0 * plan.gamma * plan.clip
+    sens = 4.0 * plan.gamma * plan.lipschitz
     hi = smallest_sigma(lambda s: at(s)[0]["eps"], target_eps, sens)
     e, ldp = at(hi)
     return {

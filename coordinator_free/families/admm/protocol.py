@@ -156,10 +156,21 @@ class AdmmPlan(wk.WalkPlan):
     reg: str = "l1"
     reg_strength: float = 0.0
     complete_graph: bool = True
+    unit: str = "user"
+    min_shard: int = 1  # the fewest records a step's loss averages (record level's m_min)
 
     @property
     def kind(self) -> str:
         return "admm"
+
+    @property
+    def lipschitz(self) -> float:
+        """The ``L`` the accountant evaluates every formula at: ``protocol.clip`` for the unit
+        and the certified solves (``privacy.admm.effective_lipschitz``; 4 gamma times it is the
+        sensitivity of one contribution)."""
+        from coordinator_free.privacy.admm import effective_lipschitz
+
+        return effective_lipschitz(self.clip, unit=self.unit, m_min=self.min_shard, steps=self.hops)
 
     def public_params(self) -> dict:
         out = super().public_params()
@@ -172,6 +183,8 @@ class AdmmPlan(wk.WalkPlan):
             reg=self.reg,
             reg_strength=self.reg_strength,
             complete_graph=self.complete_graph,
+            unit=self.unit,
+            min_shard=self.min_shard,
         )
         return out
 
@@ -200,6 +213,11 @@ def make_plan(cfg: Config, graph: nx.Graph | None = None) -> AdmmPlan:
     task = make_task(cfg, n)
     loss, reg, strength = objective_spec(cfg.model)
     starts = tuple((j * n) // pr.tokens for j in range(pr.tokens))
+    from coordinator_free.privacy.admm import effective_lipschitz
+
+    m_min = min(len(sh) for sh in task.shards)
+    if pr.batch_size:
+        m_min = min(m_min, int(pr.batch_size))
     return AdmmPlan(
         protocol=pr.name,
         n=n,
@@ -215,7 +233,9 @@ def make_plan(cfg: Config, graph: nx.Graph | None = None) -> AdmmPlan:
         eps0=cfg.privacy.eps0,
         init_items=0,
         sigma=cfg.privacy.sigma,
-        sensitivity=cfg.sensitivity,
+        sensitivity=4.0
+        * gamma_of(cfg)
+        * effective_lipschitz(pr.clip, unit=cfg.privacy.unit, m_min=int(m_min), steps=hops),
         alpha=cfg.privacy.alpha,
         delta=cfg.privacy.delta,
         spectral_gap=lam_gap,
@@ -230,6 +250,8 @@ def make_plan(cfg: Config, graph: nx.Graph | None = None) -> AdmmPlan:
         reg=reg,
         reg_strength=strength,
         complete_graph=complete,
+        unit=cfg.privacy.unit,
+        min_shard=int(m_min),
     )
 
 
