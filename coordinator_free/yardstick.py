@@ -16,10 +16,9 @@ a bug). docs/yardstick.md defines the expected value of every family:
 * token histograms: the debiased randomized-response counts; the squared error summed over the
   levels has expectation ``(N (1 - q) + I (1 - 1/L)) / (1 - gamma)^2``, ``q = (1 - gamma +
   gamma/L)^2 + (L - 1) (gamma/L)^2`` whatever the values (N responses, I initial items).
-* private ADMM (``admm``, ``admm-central``, ``admm-federated``, ``prox-sgd``): the objective gap
-  ``F(z) - F*`` of the released model (mean over the completed tokens) against the mean gap of the
-  same protocol and public parameters run by the simulator from independent public seeds (its
-  noise and walk alone; ``F*`` by accelerated proximal gradient on the same shards).
+* private ADMM (``admm``, ``admm-central``, ``admm-federated``, ``prox-sgd``): the test objective
+  of the released model (mean over the completed tokens) against that of the same run without
+  noise, the trivial model ``z = 0`` beside (a model that learned nothing is far).
 * learning (every model-training protocol, token walks carrying a model included): the final
   test loss against that of the same run without noise (the ``noise_free`` reference).
 
@@ -158,16 +157,22 @@ def walk(plan, results: dict) -> dict:
 # ------------------------------------------------------------------------- private ADMM
 
 
-def admm(measured_gap: float | None, expected_gap: float, seeds: int) -> dict:
-    """The yardstick of a private-ADMM run: its objective gap against the simulator's mean gap
-    over ``seeds`` independent public seeds of the same plan."""
+def admm(measured: float | None, reference: dict | None) -> dict | None:
+    """The yardstick of a private-ADMM run: the released model's test objective (mean loss +
+    regulariser on the test set) against the same run without noise, the trivial model z = 0
+    beside (``reference``: ``families/admm/render.references``)."""
+    if not reference:
+        return None
+    nf, tr = reference["noise_free"], reference["trivial"]
     return judge(
-        measured_gap,
-        expected_gap,
-        kind="objective-gap",
-        quantity="objective gap F(z) - F* of the released model (mean over completed tokens)",
-        basis=f"the mean objective gap of the simulator over {seeds} independent public seeds "
-        "with the same public parameters (the noise and the walk alone)",
+        measured,
+        nf["test_loss"],
+        kind="test-objective",
+        quantity="test objective (mean loss + regulariser on the test set) of the released model, "
+        "mean over the completed tokens",
+        basis="the same run without noise (sigma = 0)",
+        trivial=tr["test_loss"],
+        noise_free_gap=nf.get("objective_gap"),
     )
 
 
@@ -208,10 +213,10 @@ def lines(y: dict | None) -> list[str]:
     if y["measured"] is None:
         return [f"yardstick: nothing measured; the noise alone gives {fmt(y['expected'])}"]
     learning_ = "trivial" in y
-    if y.get("kind") == "objective-gap":
+    if y.get("kind") == "test-objective":
         head = (
-            f"yardstick: objective gap {fmt(y['measured'])} against {fmt(y['expected'])}, "
-            f"{y['basis']}"
+            f"yardstick: test objective {fmt(y['measured'])} against {fmt(y['expected'])} "
+            f"without noise (trivial model z = 0: {fmt(y['trivial'])})"
         )
     elif learning_:
         head = (

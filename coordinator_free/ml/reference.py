@@ -4,11 +4,11 @@ to people: one line each, in every family's run summary."""
 from __future__ import annotations
 
 
-def _quality(acc, loss) -> str:
+def _quality(acc, loss, what: str = "test loss") -> str:
     from coordinator_free.accounting.render import fmt
 
     head = "" if acc is None else f"test acc {acc:.4f}, "
-    return f"{head}test loss {fmt(loss)}"
+    return f"{head}{what} {fmt(loss)}"
 
 
 def lines(ref: dict | None) -> list[str]:
@@ -19,8 +19,10 @@ def lines(ref: dict | None) -> list[str]:
     trivial_what = f"the starting model, every parameter {tr['start']:g}" + (
         f"; always label {tr['majority_label']}" if "majority_label" in tr else ""
     )
+    what = ref.get("measure", "test loss")
     return [
         "reference without noise (same run, sigma = 0): "
-        + _quality(nf["test_accuracy"], nf["test_loss"]),
-        f"trivial reference ({trivial_what}): " + _quality(tr["test_accuracy"], tr["test_loss"]),
+        + _quality(nf["test_accuracy"], nf["test_loss"], what),
+        f"trivial reference ({trivial_what}): "
+        + _quality(tr["test_accuracy"], tr["test_loss"], what),
     ]

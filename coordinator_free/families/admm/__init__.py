@@ -128,10 +128,15 @@ class Admm(Family):
 
         return central.run(cfg, out, streams)
 
+    def reference(self, cfg):
+        from coordinator_free.families.admm import render
+
+        return render.references(cfg, lambda c: self.simulate_as_peers(c))
+
     def yardstick(self, cfg, plan, summary):
         from coordinator_free.families.admm import render
 
-        return render.yardstick(cfg, plan, summary, self.simulate_as_peers)
+        return render.yardstick(cfg, plan, summary)
 
     # -------------------------------------------------------------- rendering (CLI output)
 

@@ -143,8 +143,21 @@ def token_outcomes(cfg, plan, finals: dict[int, np.ndarray]) -> dict[int, dict]:
     for j, zh in finals.items():
         z = ap.z_of(plan, np.asarray(zh, dtype=np.float64))
         f = ap.objective_value(cfg, plan, z)
-        out[j] = {"objective": f, "objective_gap": f - fstar, "optimum": fstar}
+        out[j] = {
+            "objective": f,
+            "objective_gap": f - fstar,
+            "optimum": fstar,
+            "test_objective": test_objective(cfg, plan.n, z),
+        }
     return out
+
+
+def test_objective(cfg, n: int, z: np.ndarray) -> float:
+    """The objective (mean loss + regulariser) of the released model ``z`` on the test set."""
+    from coordinator_free.families.admm import protocol as ap
+
+    ds = ap.make_task(cfg, n).dataset
+    return float(ap.objective(cfg).value(np.asarray(z, dtype=np.float64), ds.X_test, ds.y_test))
 
 
 def simulator_diff(cfg, plan, run_dir: Path, results: dict, simulate) -> float | None:
@@ -284,6 +297,7 @@ def simulation(cfg, r) -> dict:
         "rounds": r.plan.rounds,
         "final": r.z[-1].tolist(),
         **{k: rows[-1][k] for k in ("objective", "objective_gap")},
+        "test_objective": test_objective(cfg, r.plan.n, r.z[-1]),
     }
 
 
@@ -304,31 +318,43 @@ def print_simulation(out: dict) -> None:
 # ------------------------------------------------------------------------------ yardstick
 
 
-#: Independent public seeds the yardstick's expected gap is averaged over.
-YARDSTICK_SEEDS = 3
-
-
-def yardstick(cfg, plan, summary: dict, simulate) -> dict | None:
-    """The objective gap of the run against the mean gap of the same protocol with the same
-    public parameters over :data:`YARDSTICK_SEEDS` independent public seeds (what its noise and
-    walk alone give: ``ys.admm``); ``simulate(cfg, plan, streams)`` is the family's simulator."""
+def measured_test_objective(summary: dict) -> float | None:
+    """The run's test objective: mean over the completed tokens (or the one-process run's)."""
     res = summary["results"]
     if res.get("central"):
-        measured = res["central"]["objective_gap"]
-    else:
-        done = [t["objective_gap"] for t in res.get("tokens", []) if "objective_gap" in t]
-        measured = float(np.mean(done)) if done else None
-    from coordinator_free import seeds
+        return res["central"].get("test_objective")
+    done = [t["test_objective"] for t in res.get("tokens", []) if "test_objective" in t]
+    return float(np.mean(done)) if done else None
 
-    gaps = []
-    for k in range(YARDSTICK_SEEDS):
-        # The same data (from run.seed), other noise and walks.
-        other = (cfg.run.seed * 1_000_003 + 7919 * (k + 1)) % (1 << 63)
-        sim = simulate(cfg, plan, seeds.PublicSeedStreams(other))
-        out = simulation(cfg, sim)
-        gaps.append(
-            float(np.mean([t["objective_gap"] for t in out["tokens"]]))
-            if "tokens" in out
-            else out["objective_gap"]
-        )
-    return ys.admm(measured, float(np.mean(gaps)), YARDSTICK_SEEDS)
+
+def yardstick(cfg, plan, summary: dict, simulate=None) -> dict | None:
+    """The learning yardstick (``ys.admm``): the released model's test objective against the
+    same run without noise (sigma = 0), the trivial model z = 0 beside
+    (``summary["reference"]``, :func:`references`)."""
+    return ys.admm(measured_test_objective(summary), summary.get("reference"))
+
+
+def references(cfg, simulate) -> dict:
+    """``{"noise_free": {test_loss, objective_gap}, "trivial": {test_loss}}``: the simulator's run
+    of the same config with ``privacy.sigma = 0`` (same data, shards, walk from the public seed,
+    steps and clip), and the starting model ``z = 0``; ``test_loss`` is the test objective.
+    ``simulate(cfg)`` is the family's simulator."""
+    from coordinator_free.families.learning.reference import noise_free_config
+
+    nf = noise_free_config(cfg)
+    out = simulation(nf, simulate(nf))
+    if "tokens" in out:
+        test = float(np.mean([t["test_objective"] for t in out["tokens"]]))
+        gap = float(np.mean([t["objective_gap"] for t in out["tokens"]]))
+    else:
+        test, gap = out["test_objective"], out["objective_gap"]
+    z0 = np.zeros(len(out["tokens"][0]["final"]) if "tokens" in out else len(out["final"]))
+    return {
+        "noise_free": {"test_loss": test, "test_accuracy": None, "objective_gap": gap},
+        "trivial": {
+            "start": 0.0,
+            "test_loss": test_objective(cfg, out["n"], z0),
+            "test_accuracy": None,
+        },
+        "measure": "test objective",
+    }
