@@ -48,10 +48,10 @@ def test_example_plan_amplifies_every_pair_below_local_dp_within_eps_10():
     assert rep["worst_pair"]["eps"] < ldp
     # Local DP is Theorem 8.9's local curve for the plan's bound on a user's contributions.
     K = aa.contributions_bound(plan)
-    rho = theorems.local_rho(K, plan.clip, plan.gamma, plan.sigma)
+    rho = theorems.local_rho(K, plan.lipschitz, plan.gamma, plan.sigma)
     assert rep["ldp"]["rdp"] == pytest.approx(plan.alpha * rho, rel=1e-12)
     # The entry holds at the orders Theorem 8.12's condition allows only.
-    amax = theorems.alpha_max(plan.sigma, plan.clip, plan.gamma)
+    amax = theorems.alpha_max(plan.sigma, plan.lipschitz, plan.gamma)
     assert rep["worst_pair"]["alpha_max"] == pytest.approx(amax)
     assert 1.0 < rep["worst_pair"]["alpha"] < amax
 
@@ -61,7 +61,7 @@ def test_paper_is_the_closed_form_and_flagged_where_below_the_proof():
     plan = ap.make_plan(cfg)
     rep = audit.plan_report(cfg, source=0, method="paper")
     K = aa.contributions_bound(plan)
-    rho = theorems.network_rho_closed(K, plan.clip, plan.gamma, plan.sigma, plan.n)
+    rho = theorems.network_rho_closed(K, plan.lipschitz, plan.gamma, plan.sigma, plan.n)
     for x in rep["losses"]:
         assert x["factor"] == pytest.approx(rho / aa.units_of(plan).ldp_rho, rel=1e-12)
         assert x["eps"] < rep["ldp"]["eps"]
@@ -264,7 +264,7 @@ def test_one_process_baselines_run_and_report_their_central_guarantees(name, tmp
     path = EX / ("prox-sgd-lasso.toml" if name == "prox-sgd" else "admm-lasso.toml")
     sets = ["graph.nodes=4", "protocol.rounds=5", "data.samples=200", "data.features=8"]
     if name != "prox-sgd":
-        sets += [f"protocol.name={name}", "protocol.hops=auto"]
+        sets += [f"protocol.name={name}", "protocol.hops=auto", "privacy.unit=user"]
     out = tmp_path / "run"
     summary = cfree_run_json(path, sets, out)
     res = summary["results"]

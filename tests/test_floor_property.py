@@ -85,7 +85,7 @@ CONFIGS = {
     **{
         name: (EX / "admm-lasso.toml", [f"protocol.name={name}", "protocol.hops=auto",
                                         "protocol.rounds=3", "graph.nodes=4", "data.samples=200",
-                                        "data.features=8"])
+                                        "data.features=8", "privacy.unit=user"])
         for name in ("admm-central", "admm-federated")
     },
     "prox-sgd": (EX / "prox-sgd-lasso.toml", ["protocol.rounds=3", "graph.nodes=4",

@@ -303,17 +303,21 @@ def surrogate_prox(
         slope = float(grad @ step)  # > 0: the Newton step descends (hess is positive definite)
         a = 1.0
         while True:
+            # Armijo on phi's value, or, where the value no longer resolves the decrease (near
+            # the solution), a smaller gradient norm: the certificate below is what counts.
             x_new = x - a * step
             val_new = phi(x_new)
-            if val_new <= val - 1e-4 * a * slope or a < 1e-12:
+            d, dd, clamped_new = obj.surrogate_coefs(x_new, X, y, bound)
+            grad_new = X.T @ d / m + (x_new - v) / t
+            norm_new = float(np.linalg.norm(grad_new))
+            armijo = val_new <= val - 1e-4 * a * slope
+            flat = abs(val_new - val) <= 1e-12 * max(1.0, abs(val)) and norm_new < norm
+            if armijo or flat or a < 1e-12:
                 break
             a *= 0.5
-        d, dd, clamped = obj.surrogate_coefs(x_new, X, y, bound)
-        grad_new = X.T @ d / m + (x_new - v) / t
-        norm_new = float(np.linalg.norm(grad_new))
-        if a < 1e-12 and not norm_new < norm:
+        if not (armijo or flat):
             break  # no progress left at this precision
-        x, grad, norm, val = x_new, grad_new, norm_new, val_new
+        x, grad, norm, val, clamped = x_new, grad_new, norm_new, val_new, clamped_new
     if not norm <= tol:
         raise ArithmeticError(
             f"the surrogate prox did not certify its tolerance: ||grad phi|| = {norm:.3g} > "
