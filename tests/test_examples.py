@@ -34,6 +34,7 @@ EXAMPLES = sorted((REPO / "examples").glob("*.toml"))
 NO_PAIRS = {
     "central-dp-breast-cancer": "pairs and graph distances do not apply",
     "muffliato-ring": "no pair is amplified here",
+    "prox-sgd-lasso": "pairs and graph distances do not apply",
 }
 
 # The quick suite's smaller sizes (the slow suite runs the files as they are).

@@ -244,6 +244,10 @@ def print_summary(summary: dict, audit: dict | None) -> None:
         )
         print("guarantees:")
         print_guarantees(res)
+        print(
+            "one process, no peers and no graph: the headline is every user's loss to anyone "
+            "who sees the released models; pairs and graph distances do not apply."
+        )
         gossip.print_footer(summary, None)
         return
     rows = []
