@@ -105,7 +105,7 @@ class ProtocolSection:
     distributed_noise: bool = False  # ring-sum: Remark 1 (every hop adds sigma/sqrt(n-1))
     # Private ADMM (admm, admm-central, admm-federated; prox-sgd reads clip and step_size):
     # the prox step gamma, the relaxation lambda (u <- u + 2 lam (x - z + eta/2)); protocol.clip
-    # is the Lipschitz bound L of the users' losses (their implicit gradients are clipped to it).
+    # is the Lipschitz bound L of every record's loss (its convex surrogate: derivative clamped).
     # None: the family's default (left out of written configs).
     gamma: float | None = None
     lam: float | None = None

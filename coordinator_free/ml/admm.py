@@ -22,8 +22,8 @@ equals ``local_rdp`` at ``gamma_here``; the federated, local and network bounds 
 module's ``gamma`` as it is, since they bound ``||x - v|| <= gamma L`` of this very step.)
 
 **Private steps.** A user's step at ``(z, u_i)`` (:func:`local_step`):
-``x = v - gamma clip(g, L)`` with ``v = 2 z - u_i`` and ``g`` the implicit gradient of
-``prox_{gamma f_i}(v)`` (:func:`~.prox.clipped_prox`), then
+``x = prox_{gamma f_i,L}(v)`` with ``v = 2 z - u_i`` and ``f_i,L`` the mean of the records'
+``L``-Lipschitz surrogates (:func:`~.prox.clipped_prox`), then
 ``u_i <- u_i + 2 lam (x - z + eta / 2)``, ``eta ~ N(0, sigma^2 I_p)``: the noise on ``u_i`` has
 std ``lam sigma``. Replacing user ``i``'s data moves ``x`` by at most ``2 gamma L`` and ``u_i'``
 by ``4 lam gamma L``: a Gaussian ratio ``4 gamma L / sigma`` per contribution, RDP

@@ -10,7 +10,7 @@ is derived from it (``ml.admm.z_of``).
 holder v, which
 
     z      = z_of(z_hat)
-    x      = prox_{gamma f_v}(2 z - u_v)      (implicit gradient clipped to L = protocol.clip)
+    x      = prox_{gamma f_v,L}(2 z - u_v)    (f_v,L: the records' L-Lipschitz surrogates, ml.prox)
     u_v'   = u_v + 2 lam (x - z + eta/2),      eta ~ N(0, sigma^2 I_p)
     z_hat <- z_hat + (u_v' - u_v)/n
 

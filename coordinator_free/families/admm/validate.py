@@ -44,7 +44,7 @@ def validate_admm(cfg, s: str) -> None:
     if not 0 < pr.clip < 1e150:
         raise ConfigError(
             f"{s}: protocol.clip must be > 0 (the Lipschitz bound L of a user's loss: its "
-            f"implicit gradient is clipped to it), got {pr.clip}"
+            f"records' derivatives are clamped so that their gradients are clipped to it), got {pr.clip}"
         )
     if pr.name != "admm-federated":
         for key in ("users_per_round", "secure_aggregation"):
