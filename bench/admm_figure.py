@@ -53,7 +53,7 @@ DELTA = 1e-6
 # Hyper-parameters: the best mean test gap of 2 noise draws at eps = 5 (dataset seed 0) over
 # gamma in {0.003, 0.01, 0.03}, L in {0.1, 0.3, 0.8}, lambda in {0.5, 0.9} (ADMM) and
 # eta in {0.003, 0.01, 0.03, 0.1}, C in {0.1, 0.3, 0.8} (prox-SGD); this search is not accounted.
-# private ADMM: step gamma, relaxation lambda, clip L of the implicit gradient
+# private ADMM: step gamma, relaxation lambda, L, the Lipschitz bound of every record's surrogate loss
 GAMMA, LAM, L_ADMM = 0.03, 0.9, 0.8
 # private proximal SGD: step eta, per-record clip C
 ETA, C_SGD = 0.1, 0.3
