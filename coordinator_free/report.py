@@ -270,8 +270,9 @@ def _yardstick_caption(summary: dict | None) -> str | None:
     if not isinstance(y, dict) or not _is_num(y.get("ratio")):
         return None
     flag = "  FAR OUTSIDE the yardstick" if y.get("far") else ""
+    what = "test objective" if y.get("kind") == "test-objective" else "test loss"
     return (
-        f"yardstick: test loss {_fmt(y['measured'])} vs {_fmt(y['expected'])} without noise "
+        f"yardstick: {what} {_fmt(y['measured'])} vs {_fmt(y['expected'])} without noise "
         f"(ratio {y['ratio']:.2f}){flag}"
     )
 
@@ -349,13 +350,17 @@ def plot_objective(metrics: Metrics, path: Path, run_name: str, summary: dict | 
         ax.set_ylabel("objective gap (log scale)")
     else:
         ax.set_ylabel("objective gap")
-    y = (summary or {}).get("yardstick")
-    if isinstance(y, dict) and _is_num(y.get("expected")):
+    nf = (((summary or {}).get("reference") or {}).get("noise_free") or {}).get("objective_gap")
+    if _is_num(nf):
         ax.axhline(
-            y["expected"], color="0.3", ls=":", lw=1,
-            label=f"yardstick: the simulator's mean final gap {_fmt(y['expected'])}",
+            nf, color="0.3", ls=":", lw=1,
+            label=f"same run without noise (sigma = 0): final gap {_fmt(nf)}",
         )  # fmt: skip
-    ax.set_xlabel("step of the token (0 = before the first step)")
+    caption = _yardstick_caption(summary)
+    ax.set_xlabel(
+        "step of the token (0 = before the first step: the trivial model z = 0)"
+        + (f"\n{caption}" if caption else "")
+    )
     ax.set_title(f"Objective gap vs step — {run_name}")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(True, alpha=0.3)
