@@ -164,9 +164,9 @@ class PrivacySection:
     # (0: an external eavesdropper; 1: curious users who see every message).
     sigma_cor: float = 0.0
     collusion: int = 0
-    # admm: what a neighbouring dataset changes: one user's whole shard ("user", the default and
-    # the theorems' setting) or one record of one user ("record").
-    unit: str = "user"
+    # admm: what a neighbouring dataset changes: one user's whole shard ("user", the theorems'
+    # setting) or one record of one user ("record"). None: "user" (left out of written configs).
+    unit: str | None = None
 
 
 @dataclass(frozen=True)
@@ -731,15 +731,16 @@ def _check_protocol_keys_in_use(cfg: Config, s: str, fam) -> None:
             f"{s}: privacy.sigma_cor and privacy.collusion belong to protocol decor; protocol "
             f"{pr.name!r} has no correlated noise (remove them or set them to 0)"
         )
-    if pv.unit not in ("user", "record"):
+    if pv.unit is not None and pv.unit not in ("user", "record"):
         raise ConfigError(
             f"{s}: privacy.unit must be 'user' (one user's whole shard changes) or 'record' (one "
             f"record of one user), got {pv.unit!r}"
         )
-    if pv.unit != "user" and pr.name != "admm":
+    if pv.unit is not None and pv.unit not in fam.privacy_units(cfg):
         raise ConfigError(
-            f"{s}: privacy.unit = {pv.unit!r} is read by protocol admm only; protocol "
-            f"{pr.name!r} is accounted at user level (remove privacy.unit)"
+            f"{s}: privacy.unit = {pv.unit!r}: protocol {pr.name!r} is accounted at "
+            f"{' or '.join(fam.privacy_units(cfg))} level only (remove privacy.unit, or use "
+            "protocol admm for record level)"
         )
     if pr.clipping != "example" and not fam.learns(cfg):
         raise ConfigError(

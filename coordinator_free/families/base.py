@@ -36,6 +36,11 @@ class Family:
 
     # ------------------------------------------------------------------ what kind of protocol
 
+    def privacy_units(self, cfg) -> tuple[str, ...]:
+        """The values ``privacy.unit`` may take for this config (what neighbouring datasets differ
+        in); every protocol is accounted at user level unless its family says more."""
+        return ("user",)
+
     def learns(self, cfg) -> bool:
         """True when the protocol trains a model from per-node data shards."""
         return False

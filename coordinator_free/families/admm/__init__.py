@@ -28,6 +28,11 @@ class Admm(Family):
 
         validate_admm(cfg, source)
 
+    def privacy_units(self, cfg) -> tuple[str, ...]:
+        # The decentralized protocol also takes one record of one user as the unit; the
+        # one-process baselines are accounted at user level (admm-central's users are records).
+        return ("user", "record") if cfg.protocol.name == "admm" else ("user",)
+
     def walks(self, cfg) -> bool:
         return cfg.protocol.name == "admm"
 

@@ -198,7 +198,7 @@ def metrics(cfg: Config, res: CentralResult) -> list[dict]:
 def run(cfg: Config, out: Path, streams) -> tuple[dict, CentralPlan]:
     """``cfree run``: the run with the secret ``streams``; its released models and per-round
     objective into the run directory."""
-    from coordinator_free.families.admm import render
+    from coordinator_free.families.admm.protocol import test_objective
 
     res = simulate(cfg, None, streams)
     rundir.write_npy(rundir.central_models_path(out), res.z)
@@ -214,7 +214,7 @@ def run(cfg: Config, out: Path, streams) -> tuple[dict, CentralPlan]:
             "objective": rows[-1]["objective"],
             "objective_gap": rows[-1]["objective_gap"],
             "optimum": rows[-1]["objective"] - rows[-1]["objective_gap"],
-            "test_objective": render.test_objective(cfg, res.plan.n, res.z[-1]),
+            "test_objective": test_objective(cfg, res.plan.n, res.z[-1]),
             "clipped": res.clipped,
         },
         "guarantees": guarantees(res.plan),

@@ -235,7 +235,9 @@ def make_plan(cfg: Config, graph: nx.Graph | None = None) -> AdmmPlan:
         sigma=cfg.privacy.sigma,
         sensitivity=4.0
         * gamma_of(cfg)
-        * effective_lipschitz(pr.clip, unit=cfg.privacy.unit, m_min=int(m_min), steps=hops),
+        * effective_lipschitz(
+            pr.clip, unit=cfg.privacy.unit or "user", m_min=int(m_min), steps=hops
+        ),
         alpha=cfg.privacy.alpha,
         delta=cfg.privacy.delta,
         spectral_gap=lam_gap,
@@ -250,7 +252,7 @@ def make_plan(cfg: Config, graph: nx.Graph | None = None) -> AdmmPlan:
         reg=reg,
         reg_strength=strength,
         complete_graph=complete,
-        unit=cfg.privacy.unit,
+        unit=cfg.privacy.unit or "user",
         min_shard=int(m_min),
     )
 
@@ -376,6 +378,12 @@ def walk_token(plan: AdmmPlan, cfg: Config, token: int, streams: seeds.Streams) 
 
 
 # ------------------------------------------------------------------------------ objective
+
+
+def test_objective(cfg: Config, n: int, z: np.ndarray) -> float:
+    """The objective (mean loss + regulariser) of the released model ``z`` on the test set."""
+    ds = make_task(cfg, n).dataset
+    return float(objective(cfg).value(np.asarray(z, dtype=np.float64), ds.X_test, ds.y_test))
 
 
 def objective_value(cfg: Config, plan, z: np.ndarray, n: int | None = None) -> float:

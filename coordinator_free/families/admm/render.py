@@ -156,8 +156,7 @@ def test_objective(cfg, n: int, z: np.ndarray) -> float:
     """The objective (mean loss + regulariser) of the released model ``z`` on the test set."""
     from coordinator_free.families.admm import protocol as ap
 
-    ds = ap.make_task(cfg, n).dataset
-    return float(ap.objective(cfg).value(np.asarray(z, dtype=np.float64), ds.X_test, ds.y_test))
+    return ap.test_objective(cfg, n, z)
 
 
 def simulator_diff(cfg, plan, run_dir: Path, results: dict, simulate) -> float | None:
