@@ -56,6 +56,59 @@ def test_example_plan_amplifies_every_pair_below_local_dp_within_eps_10():
     assert 1.0 < rep["worst_pair"]["alpha"] < amax
 
 
+def test_the_record_unit_divides_the_sensitivity_by_the_smallest_shard():
+    """Record level: one contribution's shift is 4 gamma L / m_min (plus the certified solves'
+    tolerance), so every planned RDP is (L_eff(record) / L_eff(user))^2 times the user-level one
+    at the same sigma; the plan says which unit it took."""
+    from coordinator_free.ml.prox import PROX_TOL_REL
+
+    rec = ap.make_plan(config.load(LASSO))
+    usr = ap.make_plan(config.load(LASSO, ["privacy.unit=user"]))
+    assert (rec.unit, usr.unit) == ("record", "user")
+    task = ap.make_task(config.load(LASSO), rec.n)
+    m_min = min(len(s) for s in task.shards)
+    assert rec.min_shard == m_min == 250
+    T = rec.hops
+    assert rec.lipschitz == pytest.approx(rec.clip * (1.0 / m_min + (1 + T) * PROX_TOL_REL))
+    assert usr.lipschitz == pytest.approx(usr.clip * (1.0 + T * PROX_TOL_REL))
+    assert aa.units_of(rec).sensitivity == pytest.approx(4.0 * rec.gamma * rec.lipschitz)
+    ratio = (rec.lipschitz / usr.lipschitz) ** 2
+    assert aa.ldp_entry(rec)["rdp"] == pytest.approx(ratio * aa.ldp_entry(usr)["rdp"], rel=1e-9)
+    r_rec = audit.plan_report(config.load(LASSO), source=None, method="exact")
+    r_usr = audit.plan_report(
+        config.load(LASSO, ["privacy.unit=user"]), source=None, method="exact"
+    )
+    assert "record level" in r_rec["accounting"] and "m_min = 250" in r_rec["accounting"]
+    assert "user level" in r_usr["accounting"]
+    assert r_rec["worst_pair"]["eps"] < r_usr["worst_pair"]["eps"]
+    # calibration to the same target needs m_min times less noise (up to the tolerance term)
+    fam = family_of("admm")
+    s_rec = fam.calibrate(config.load(LASSO), 5.0, method="exact", budget="worst")["sigma"]
+    s_usr = fam.calibrate(
+        config.load(LASSO, ["privacy.unit=user"]), 5.0, method="exact", budget="worst"
+    )["sigma"]
+    assert s_usr / s_rec == pytest.approx(usr.lipschitz / rec.lipschitz, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [["protocol.name=admm-central", "protocol.hops=auto"], ["protocol.name=prox-sgd"]],
+)
+def test_the_record_unit_is_refused_where_it_is_not_accounted(sets):
+    with pytest.raises(ConfigError, match="privacy.unit = 'record'"):
+        config.load(LASSO, sets)
+    with pytest.raises(ConfigError, match="privacy.unit must be"):
+        config.load(LASSO, ["privacy.unit=shard"])
+
+
+def test_effective_lipschitz_is_checked():
+    with pytest.raises(ValueError, match="unit must be"):
+        theorems.effective_lipschitz(1.0, unit="node")
+    with pytest.raises(ValueError, match="m_min"):
+        theorems.effective_lipschitz(1.0, unit="record", m_min=0)
+    assert theorems.effective_lipschitz(2.0, unit="record", m_min=4) > 0.5
+
+
 def test_paper_is_the_closed_form_and_flagged_where_below_the_proof():
     cfg = config.load(LASSO)
     plan = ap.make_plan(cfg)
