@@ -60,6 +60,11 @@ DOWN_GRACE_DEADLINES = 2.0
 digest = value_digest
 
 
+def own_copy(payload: np.ndarray) -> np.ndarray:
+    """A received value as the node keeps it: its own writable float64 copy."""
+    return np.array(payload, dtype=np.float64)
+
+
 # ---------------------------------------------------------------------------------- requests
 
 
@@ -340,7 +345,7 @@ class StepEngine:
         if m.kind != "value" or m.payload is None or m.payload.shape != self.shape:
             self.out.log("bad-message", step=t, peer=peer, kind=m.kind)
             return
-        value = np.array(m.payload, dtype=np.float64)  # own copy, writable
+        value = own_copy(m.payload)
         if not 0 <= m.step < self.steps:
             self.out.log("bad-message", step=t, peer=peer, kind="beyond-last-step", at=m.step)
             return
@@ -412,7 +417,7 @@ class StepEngine:
                 and 0 <= m.step < self.steps
                 and ev.peer in self.partners_at(m.step)
             ):
-                value = np.array(m.payload, dtype=np.float64)
+                value = own_copy(m.payload)
                 if not np.isfinite(value).all():
                     self._refuse(self.steps, ev.peer, m.step, {})
                     return

@@ -469,6 +469,9 @@ def _peer_main(args) -> int:
             print(f"cfree peer: --listen {args.listen}: {exc}", file=sys.stderr)
             return 2
     progress = Progress(args.progress_fd, args.progress_every)
+    from coordinator_free.peer import budget
+
+    budget.maybe_install(args.id)  # counters of bench_vs_zmq --budget; off unless asked
     ignore_fault_signals()
     one_thread_for_process()  # one process of many: no spinning BLAS threads
     collector = None
