@@ -214,7 +214,8 @@ def budget_main(args) -> int:
         what = "values logged" if r["log_values"] else "digests only"
         print(
             f"\n{r['case']}, {what}: {total:.0f} us per step "
-            f"(ring {r['steps_per_s']:.1f} steps/s, {r['steps']} steps)"
+            f"(ring {r['steps_per_s']:.1f} steps/s, {r['steps']} steps; "
+            f"{r['page_faults'] / r['steps']:.0f} page faults per step)"
         )
         for part in peer_budget.PARTS:
             us = r["parts_s"][part] * per

@@ -322,3 +322,71 @@ def test_fuzz_mutations_of_valid_encodings():
             start = rnd.randrange(len(data))
             del data[start : start + rnd.randrange(1, 6)]
         _check_only_wire_error(bytes(data))
+
+
+def _general(data: bytes):
+    """What the general decoder makes of ``data`` (a bytearray never takes the in-place path):
+    the message, or the WireError's text."""
+    try:
+        return decode_message(bytearray(data))
+    except WireError as exc:
+        return str(exc)
+
+
+def test_in_place_reader_agrees_with_the_general_decoder():
+    """Envelopes as encode_message writes them (no meta) are read in place; on every mutation
+    the result is the general decoder's, message or error."""
+    rnd = random.Random(7)
+    rng = np.random.default_rng(7)
+    samples = [
+        encode_message(Message("value", 0, 3, payload=rng.standard_normal(8))),
+        encode_message(Message("value", 70000, 2**40, payload=rng.standard_normal(300))),
+        encode_message(Message("done", 0, 12)),
+        encode_message(Message("token", 1, 1, payload=np.arange(6, dtype="<i2").reshape(3, 2))),
+        encode_message(Message("value", 0, 0, payload=np.zeros(0))),
+        encode_message(Message("value", 0, 0, payload=np.zeros((2, 0, 3), dtype="|u1"))),
+    ]
+    for data in samples:
+        fast = wire._decode_canonical(data)
+        assert fast is not None and fast == decode_message(bytearray(data))
+        assert fast.payload is None or not fast.payload.size or not fast.payload.flags.writeable
+    # The payload is a view on the envelope's bytes, not a copy.
+    big = encode_message(Message("value", 0, 1, payload=np.arange(1000.0)))
+    assert np.shares_memory(decode_message(big).payload, np.frombuffer(big, dtype="u1"))
+    for _ in range(6000):
+        data = bytearray(rnd.choice(samples))
+        op = rnd.randrange(4)
+        if op == 0:
+            for _ in range(rnd.randrange(1, 3)):
+                data[rnd.randrange(len(data))] = rnd.randrange(256)
+        elif op == 1:
+            del data[rnd.randrange(len(data)) :]
+        elif op == 2:
+            pos = rnd.randrange(len(data) + 1)
+            data[pos:pos] = rnd.randbytes(rnd.randrange(1, 5))
+        else:
+            start = rnd.randrange(len(data))
+            del data[start : start + rnd.randrange(1, 6)]
+        data = bytes(data)
+        try:
+            got = decode_message(data)
+        except WireError as exc:
+            got = str(exc)
+        assert got == _general(data), data
+
+
+def test_encode_parts_join_to_the_codec_encoding():
+    """Without meta the envelope's head comes from a cache: the same bytes the codec writes."""
+    for msg in (
+        Message("value", 0, 5, payload=np.arange(3.0)),
+        Message("done", 3, 2**33),
+        Message("token", 2**20, 0, payload=np.ones((2, 2), dtype="<i4")),
+    ):
+        parts = wire.encode_parts(msg)
+        head = codec.pack(
+            {"v": 1, "kind": msg.kind, "round": msg.round, "step": msg.step, "meta": {}}
+        )
+        joined = b"".join(parts)
+        assert joined == encode_message(msg)
+        assert joined.startswith(b"\x86" + head[1:])
+        assert decode_message(joined) == msg

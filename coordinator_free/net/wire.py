@@ -19,6 +19,7 @@ frame limit so that a message that fits the wire also fits a frame.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ __all__ = [
     "WireError",
     "decode_message",
     "encode_message",
+    "encode_parts",
     "register_kind",
 ]
 
@@ -260,20 +262,33 @@ def encode_message(msg: Message, *, max_size: int = MAX_MESSAGE_SIZE) -> bytes:
         raise WireError(
             f"field 'payload' has {msg.payload.nbytes} bytes, over the message limit {max_size}"
         )
+    data = b"".join(encode_parts(msg))
+    if len(data) > max_size:
+        raise WireError(f"encoded message is {len(data)} bytes, over the limit {max_size}")
+    return data
+
+
+def encode_parts(msg: Message) -> list[bytes | memoryview]:
+    """The envelope of ``msg`` as pieces to be written back to back: the payload's data is
+    the last piece, a view on the array itself (nothing copied; a non-contiguous or
+    big-endian array is converted first). ``b"".join`` of them is :func:`encode_message`."""
     # The envelope is a 6-entry map whose last entry is the payload. The first five entries go
-    # through the codec; the array extension is written here, so the array's bytes are copied
-    # exactly once, straight into the output buffer (the codec would copy them three times).
-    head = codec.pack(
-        {
-            "v": WIRE_VERSION,
-            "kind": msg.kind,
-            "round": msg.round,
-            "step": msg.step,
-            "meta": msg.meta,
-        }
-    )
-    assert head[0] == 0x85  # fixmap with 5 entries
-    parts: list[bytes | memoryview] = [b"\x86", memoryview(head)[1:], _PAYLOAD_KEY]
+    # through the codec (or, with no meta, the cached bytes of the same encoding); the array
+    # extension is written here, so the array's bytes are never copied.
+    if msg.meta:
+        head = codec.pack(
+            {
+                "v": WIRE_VERSION,
+                "kind": msg.kind,
+                "round": msg.round,
+                "step": msg.step,
+                "meta": msg.meta,
+            }
+        )
+        assert head[0] == 0x85  # fixmap with 5 entries
+        parts: list[bytes | memoryview] = [b"\x86", memoryview(head)[1:], _PAYLOAD_KEY]
+    else:
+        parts = [_head_prefix(msg.kind, msg.round), codec.pack(msg.step), _NO_META_PAYLOAD_KEY]
     if msg.payload is None:
         parts.append(b"\xc0")  # nil
     else:
@@ -282,11 +297,35 @@ def encode_message(msg: Message, *, max_size: int = MAX_MESSAGE_SIZE) -> bytes:
             arr = arr.astype(arr.dtype.newbyteorder("<"))
         parts.append(_array_prefix(arr.dtype.str, arr.shape, arr.nbytes))
         if arr.nbytes:
-            parts.append(memoryview(arr).cast("B"))
-    data = b"".join(parts)
-    if len(data) > max_size:
-        raise WireError(f"encoded message is {len(data)} bytes, over the limit {max_size}")
-    return data
+            parts.append(codec.raw_bytes(arr))
+    return parts
+
+
+_HEADS: dict[tuple[str, int], bytes] = {}
+#: The envelope's empty meta and the payload key, after the step.
+_NO_META_PAYLOAD_KEY = msgpack.packb("meta") + b"\x80" + _PAYLOAD_KEY
+
+
+def _head_prefix(kind: str, round_: int) -> bytes:
+    """The envelope's bytes up to the step's value (``{"v": 1, "kind", "round", "step":``),
+    as :func:`codec.pack` writes them, kept per kind and round (at most 256)."""
+    key = (kind, round_)
+    head = _HEADS.get(key)
+    if head is None:
+        head = (
+            b"\x86"
+            + msgpack.packb("v")
+            + msgpack.packb(WIRE_VERSION)
+            + msgpack.packb("kind")
+            + msgpack.packb(kind)
+            + msgpack.packb("round")
+            + msgpack.packb(round_)
+            + msgpack.packb("step")
+        )
+        if len(_HEADS) >= 256:
+            _HEADS.clear()
+        _HEADS[key] = head
+    return head
 
 
 def decode_message(
@@ -297,6 +336,10 @@ def decode_message(
         raise TypeError(f"expected bytes, got {type(data).__name__}")
     if len(data) > max_size:
         raise WireError(f"message of {len(data)} bytes exceeds the limit {max_size}")
+    if type(data) is bytes:
+        msg = _decode_canonical(data)
+        if msg is not None:
+            return msg
     try:
         obj = codec.unpack(data)
     except codec.CodecError as exc:
@@ -335,4 +378,92 @@ def decode_message(
     setattr_(msg, "step", _check_counter("step", obj["step"]))
     setattr_(msg, "payload", _check_payload(payload))
     setattr_(msg, "meta", _check_meta(meta) if meta else {})
+    return msg
+
+
+_UINTS = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+_KEY_V = b"\x86" + msgpack.packb("v") + msgpack.packb(WIRE_VERSION) + msgpack.packb("kind")
+_KEY_ROUND = msgpack.packb("round")
+_KEY_STEP = msgpack.packb("step")
+
+
+def _uint_at(data: bytes, pos: int) -> tuple[int, int] | None:
+    """A msgpack unsigned integer at ``pos`` (positive fixint or uint 8..64): (value, end)."""
+    c = data[pos]
+    if c < 0x80:
+        return c, pos + 1
+    size = _UINTS.get(c)
+    if size is None:
+        return None
+    end = pos + 1 + size
+    return int.from_bytes(data[pos + 1 : end], "big"), end
+
+
+def _decode_canonical(data: bytes) -> Message | None:
+    """The message of an envelope laid out exactly as :func:`encode_message` writes it with
+    no meta (the fields in order, ``meta`` empty, the payload nil or an ext 32 array), read in
+    place: the payload is a read-only view on ``data``, never copied. None for any other
+    layout, which the general path then parses and judges (the same message, or the error)."""
+    try:
+        if not data.startswith(_KEY_V):
+            return None
+        pos = len(_KEY_V)
+        n = data[pos] - 0xA0
+        if not 0 <= n < 32:
+            return None
+        kind = data[pos + 1 : pos + 1 + n].decode("ascii")
+        if kind not in ALLOWED_KINDS or len(kind) != n:
+            return None
+        pos += 1 + n
+        if not data.startswith(_KEY_ROUND, pos):
+            return None
+        got = _uint_at(data, pos + len(_KEY_ROUND))
+        if got is None:
+            return None
+        round_, pos = got
+        if not data.startswith(_KEY_STEP, pos):
+            return None
+        got = _uint_at(data, pos + len(_KEY_STEP))
+        if got is None:
+            return None
+        step, pos = got
+        if round_ > MAX_STEP or step > MAX_STEP or not data.startswith(_NO_META_PAYLOAD_KEY, pos):
+            return None
+        pos += len(_NO_META_PAYLOAD_KEY)
+        marker = data[pos]
+        if marker == 0xC0:
+            if pos + 1 != len(data):
+                return None
+            payload = None
+        elif marker == 0xC9 and data[pos + 5] == codec.ARRAY_EXT:
+            body = pos + 6
+            if int.from_bytes(data[pos + 1 : pos + 5], "big") != len(data) - body:
+                return None
+            header = codec._canonical_header(data[body : body + codec._HEADER_MAX])
+            if header is None:
+                return None
+            (dtype, shape), offset = header
+            dt = codec._DTYPES.get(dtype)
+            if dt is None or not 1 <= len(shape) <= codec.MAX_ARRAY_DIMS:
+                return None
+            start = body + offset
+            if math.prod(shape) * dt.itemsize != len(data) - start:
+                return None
+            if len(data) > start:
+                payload = np.frombuffer(data, dtype=dt, offset=start)
+            else:
+                payload = np.empty(0, dtype=dt)
+            if len(shape) != 1:
+                payload = payload.reshape(shape)
+        else:
+            return None
+    except (IndexError, UnicodeDecodeError):
+        return None
+    msg = object.__new__(Message)
+    setattr_ = object.__setattr__
+    setattr_(msg, "kind", kind)
+    setattr_(msg, "round", round_)
+    setattr_(msg, "step", step)
+    setattr_(msg, "payload", payload)
+    setattr_(msg, "meta", {})
     return msg

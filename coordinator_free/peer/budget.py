@@ -26,7 +26,8 @@ event loop, rest   the rest of the process CPU time: the event loop and its sock
                    peer's driver loop, progress events
 =================  ===========================================================================
 
-The counters cost about half a microsecond per wrapped call (two clock reads), charged to the
+With a ``PATH`` ending in ``.prof`` the node's steps run under ``cProfile`` instead (pstats
+output, for finding what to count next). The counters cost about half a microsecond per wrapped call (two clock reads), charged to the
 part they wrap; the totals are per step, over the steps between the engine's start and its
 finish.
 """
@@ -36,6 +37,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import resource
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -64,6 +66,7 @@ class _Budget:
         self.stack: list[int] = []  # time of nested wrapped calls, per open call
         self.t0_cpu = 0
         self.t0_wall = 0.0
+        self.t0_faults = 0
         self.steps = 0
         self.done = False
 
@@ -72,6 +75,7 @@ class _Budget:
         self.calls.clear()
         self.t0_cpu = time.process_time_ns()
         self.t0_wall = time.monotonic()
+        self.t0_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
     def timed(self, part: str, fn):
         totals, calls, stack = self.totals, self.calls, self.stack
@@ -104,6 +108,7 @@ class _Budget:
             "node": self.node,
             "steps": steps,
             "cpu_s": cpu / 1e9,
+            "page_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self.t0_faults,
             "wall_s": wall,
             "parts_s": {p: v / 1e9 for p, v in parts.items()},
             "calls": dict(self.calls),
@@ -132,6 +137,9 @@ def maybe_install(node: int) -> bool:
     who, _, path = spec.partition(":")
     if not who.isdigit() or int(who) != node or not path:
         return False
+    if path.endswith(".prof"):  # a cProfile of the steps instead of the counters
+        _install_profile(Path(path))
+        return True
     budget = _active = _Budget(node, Path(path))
 
     from coordinator_free import codec, viewlog
@@ -177,6 +185,8 @@ def maybe_install(node: int) -> bool:
     channel.SecureChannel._derive_transport_keys = derive_timed
 
     transport.encode_message = budget.timed("framing/codec", wire.encode_message)
+    if hasattr(transport, "encode_parts"):
+        transport.encode_parts = budget.timed("framing/codec", wire.encode_parts)
     transport.decode_message = budget.timed("framing/codec", wire.decode_message)
     for name in ("send", "receive_data"):
         _patch(channel.SecureChannel, name, "framing/codec", budget)
@@ -202,3 +212,26 @@ class _TimedAEAD:
         for name in ("encrypt_into", "decrypt_into"):
             if hasattr(inner, name):
                 setattr(self, name, budget.timed("AEAD", getattr(inner, name)))
+
+
+def _install_profile(path: Path) -> None:
+    """cProfile the node's steps (engine start to finish) into ``path`` (pstats format)."""
+    import cProfile
+
+    from coordinator_free.engine import step
+
+    prof = cProfile.Profile()
+    start, handle = step.StepEngine.start, step.StepEngine.handle
+
+    def profiled_start(self, now):
+        prof.enable()
+        return start(self, now)
+
+    def profiled_handle(self, event, now):
+        actions = handle(self, event, now)
+        if self.finished:
+            prof.disable()
+            prof.dump_stats(path)
+        return actions
+
+    step.StepEngine.start, step.StepEngine.handle = profiled_start, profiled_handle

@@ -38,7 +38,15 @@ class GraphRows:
     W: np.ndarray
 
     def neighbours(self, v: int) -> list[int]:
-        return sorted(self.graph.neighbors(v))
+        # Asked for at every message (whom a value may come from): sorted once per node.
+        cache = self.__dict__.get("_neighbours_cache")
+        if cache is None:
+            cache = {}
+            self.__dict__["_neighbours_cache"] = cache  # (frozen dataclasses included)
+        got = cache.get(v)
+        if got is None:
+            got = cache[v] = tuple(sorted(self.graph.neighbors(v)))
+        return list(got)
 
     def row(self, v: int) -> dict[int, float]:
         """Node v's gossip weights (itself included), keyed by node id."""
@@ -209,13 +217,42 @@ def gossip_update(
     fixed so every driver gets bit-identical results.
     """
     acc = terms[0][0] * terms[0][1]
+    if not _same_float64(acc, terms, previous):
+        for weight, value in terms[1:]:
+            acc = acc + weight * value
+        if gamma_t == 1.0:
+            return acc
+        if previous is None:
+            raise ValueError("an accelerated step needs the previous value")
+        return gamma_t * acc + (1.0 - gamma_t) * previous
+    # The same operations in the same order, into one result and one scratch array instead of
+    # two new arrays per term (bit for bit the expression above).
+    tmp = np.empty_like(acc)
     for weight, value in terms[1:]:
-        acc = acc + weight * value
+        np.multiply(weight, value, out=tmp)
+        np.add(acc, tmp, out=acc)
     if gamma_t == 1.0:
         return acc
     if previous is None:
         raise ValueError("an accelerated step needs the previous value")
-    return gamma_t * acc + (1.0 - gamma_t) * previous
+    np.multiply(gamma_t, acc, out=acc)
+    np.multiply(1.0 - gamma_t, previous, out=tmp)
+    np.add(acc, tmp, out=acc)
+    return acc
+
+
+def _same_float64(acc, terms, previous) -> bool:
+    """Whether every array of a step is a float64 array of ``acc``'s shape (the in-place
+    path of :func:`gossip_update`; anything else takes the general expression)."""
+    if type(acc) is not np.ndarray or acc.dtype != np.float64:
+        return False
+    shape = acc.shape
+    for _, value in terms:
+        if type(value) is not np.ndarray or value.dtype != np.float64 or value.shape != shape:
+            return False
+    return previous is None or (
+        type(previous) is np.ndarray and previous.dtype == np.float64 and previous.shape == shape
+    )
 
 
 def step_terms(
