@@ -416,8 +416,8 @@ def _ext_header(body_len: int) -> bytes:
     return b"\xc9" + body_len.to_bytes(4, "big") + code
 
 
-#: Records of fewer bytes are joined into one piece (a copy costs less than several pieces);
-#: the arrays of larger ones are written from their own memory.
+#: Arrays of at least this many bytes are written from their own memory; smaller ones are
+#: packed with the record (a copy costs less than a separate piece).
 _BY_VIEW = 4096
 _FIXEXT = {1: b"\xd4", 2: b"\xd5", 4: b"\xd6", 8: b"\xd7", 16: b"\xd8"}
 _ARRAY_HEADERS: dict[tuple, bytes] = {}
@@ -455,7 +455,7 @@ def _encode_parts(record: dict) -> list:
     msgpack bytes and, for every array at the top level of the record, a view on the array's
     own memory (its data is never copied; the checksum runs over the pieces). The bytes are
     those of one :func:`codec.pack` of the record with its arrays moved to the end."""
-    arrays = [k for k, v in record.items() if type(v) is np.ndarray]
+    arrays = [k for k, v in record.items() if type(v) is np.ndarray and v.nbytes >= _BY_VIEW]
     try:
         if not arrays:
             payload = pack(record)
@@ -473,8 +473,6 @@ def _encode_parts(record: dict) -> list:
             pieces = [_map_header(len(record)), memoryview(head)[skip:]]
             for k in arrays:
                 pieces.extend(_array_parts(k, record[k]))
-            if sum(map(len, pieces)) < _BY_VIEW:  # small: one piece costs less than several
-                pieces = [b"".join(pieces)]
     except (TypeError, OverflowError) as exc:
         raise ValueError(f"cannot encode {record.get('k')!r} record: {exc}") from None
     except ValueError as exc:

@@ -465,6 +465,26 @@ class SecureChannel:
         if self._state is _State.START:
             self._fail(HandshakeError("received data before the handshake started"), [])
         self._buf += data
+        return self._process()
+
+    def share_buffer(self, buf: bytearray) -> None:
+        """From now on, read frames from ``buf``: a buffer the caller appends the arrived bytes
+        to itself (a stream's receive buffer), instead of handing them to
+        :meth:`receive_data`, which would copy them here. :meth:`receive_buffered` then
+        decrypts the complete frames where they lie and cuts them from the front of ``buf``.
+        Only for an established channel that holds no bytes of its own."""
+        if self._state is not _State.ESTABLISHED or self._buf:
+            raise ValueError("only an established channel with nothing buffered shares a buffer")
+        self._buf = buf
+
+    def receive_buffered(self) -> list[Event]:
+        """:meth:`receive_data` for a shared buffer (:meth:`share_buffer`): the events the
+        bytes now in it complete, in order."""
+        if self._state is _State.CLOSED:
+            raise ChannelClosed(f"channel is closed ({self._close_reason})")
+        return self._process()
+
+    def _process(self) -> list[Event]:
         events: list[Event] = []
         try:
             while self._step(events):

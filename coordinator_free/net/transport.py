@@ -243,6 +243,8 @@ class _Conn:
         "hs_suppressed",
         "wbuf",
         "wbytes",
+        "shared",
+        "seen",
     )
 
     def __init__(
@@ -283,6 +285,10 @@ class _Conn:
         # end (one system call for a step's small frames): None when nothing is waiting.
         self.wbuf: list[bytes] | None = None
         self.wbytes = 0
+        # Established: the channel reads its frames straight from the stream's receive buffer
+        # (no copy into a bytes object, none into the channel); ``seen`` of its bytes counted.
+        self.shared = False
+        self.seen = 0
 
     @property
     def label(self) -> str:
@@ -944,6 +950,61 @@ class PeerNet:
         peer = conn.peer if conn.peer is not None else conn.channel.peer_id
         return faults.is_blocked(peer)
 
+    def _share(self, conn: _Conn) -> None:
+        """Let an established channel read from its stream's own buffer (asyncio's
+        ``StreamReader`` keeps the arrived bytes in a bytearray it only appends to and cuts from
+        the front): every byte is then copied once, from the socket into that buffer."""
+        buf = getattr(conn.reader, "_buffer", None)
+        if type(buf) is bytearray and not conn.channel.mid_frame:
+            conn.channel.share_buffer(buf)
+            conn.shared = True
+            conn.seen = 0
+
+    async def _read_shared(self, conn: _Conn, timeout: float | None, what: str) -> None:
+        """:meth:`_read` for a channel that shares the stream's buffer (:meth:`_share`)."""
+        ch, reader = conn.channel, conn.reader
+        buf = reader._buffer
+        n = ch.bytes_needed()
+        try:
+            if n > 0 or len(buf) == conn.seen:  # nothing complete to decode yet: wait
+                if reader._exception is not None:
+                    raise reader._exception
+                if reader._eof:
+                    raise asyncio.IncompleteReadError(b"", n)
+                if timeout is None:  # between frames: no deadline to arm
+                    await reader._wait_for_data("read")
+                else:
+                    async with asyncio.timeout(timeout):
+                        await reader._wait_for_data("read")
+                if len(buf) == conn.seen:
+                    if reader._exception is not None:
+                        raise reader._exception
+                    raise asyncio.IncompleteReadError(b"", n)  # woken by the end of stream
+        except TimeoutError:
+            raise TimeoutError(f"{what} not received within {timeout:g} s") from None
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            if self._blocked(conn):
+                await self._quiet_while_blocked(conn, timeout, what)
+            if isinstance(exc, ConnectionError):
+                raise
+            ch.receive_eof()  # raises if the close cut a frame short (its bytes are in buf)
+            raise _Drop("connection closed by peer", logging.INFO) from None
+        if conn.closed:
+            raise _Drop("connection closed", logging.DEBUG)
+        self._count_rx(conn, len(buf) - conn.seen)
+        if not self._blocked(conn):
+            conn.last_rx = time.monotonic()
+        try:
+            events = ch.receive_buffered()
+        except ChannelError as exc:
+            for ev in exc.events:
+                self._dispatch(conn, ev)
+            raise
+        conn.seen = len(buf)
+        reader._maybe_resume_transport()
+        for ev in events:
+            self._dispatch(conn, ev)
+
     async def _read(self, conn: _Conn, timeout: float | None, what: str) -> None:
         """Read what the channel needs next and feed it; dispatch resulting events.
 
@@ -951,6 +1012,9 @@ class PeerNet:
         it completes is dispatched; a large frame's progress counts as life); handshake
         messages are read exactly.
         """
+        if conn.shared:
+            await self._read_shared(conn, timeout, what)
+            return
         ch = conn.channel
         n = ch.bytes_needed()
         try:
@@ -1053,6 +1117,7 @@ class PeerNet:
 
     async def _read_loop(self, conn: _Conn) -> None:
         loop = asyncio.get_running_loop()
+        self._share(conn)
         while True:
             if not conn.selected:
                 remaining = conn.select_deadline - loop.time()

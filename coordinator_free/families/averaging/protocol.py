@@ -225,20 +225,33 @@ def gossip_update(
         if previous is None:
             raise ValueError("an accelerated step needs the previous value")
         return gamma_t * acc + (1.0 - gamma_t) * previous
-    # The same operations in the same order, into one result and one scratch array instead of
-    # two new arrays per term (bit for bit the expression above).
-    tmp = np.empty_like(acc)
-    for weight, value in terms[1:]:
-        np.multiply(weight, value, out=tmp)
-        np.add(acc, tmp, out=acc)
-    if gamma_t == 1.0:
-        return acc
-    if previous is None:
+    if gamma_t != 1.0 and previous is None:
         raise ValueError("an accelerated step needs the previous value")
-    np.multiply(gamma_t, acc, out=acc)
-    np.multiply(1.0 - gamma_t, previous, out=tmp)
-    np.add(acc, tmp, out=acc)
+    # The same operations in the same order, element by element (bit for bit the expression
+    # above), into the result and one scratch block instead of two new arrays per term, and a
+    # block at a time, so a large value's pieces stay in the cache between the operations.
+    flat = acc.reshape(-1)
+    n = flat.size
+    block = min(n, _BLOCK)
+    tmp = np.empty(block)
+    vals = [(w, v.reshape(-1)) for w, v in terms[1:]]
+    prev = previous.reshape(-1) if previous is not None else None
+    for start in range(0, n, block):
+        end = min(start + block, n)
+        a = flat[start:end]
+        t = tmp[: end - start]
+        for weight, value in vals:
+            np.multiply(weight, value[start:end], out=t)
+            np.add(a, t, out=a)
+        if prev is not None and gamma_t != 1.0:
+            np.multiply(gamma_t, a, out=a)
+            np.multiply(1.0 - gamma_t, prev[start:end], out=t)
+            np.add(a, t, out=a)
     return acc
+
+
+#: Entries per block of :func:`gossip_update` (128 KiB of float64 per array).
+_BLOCK = 16384
 
 
 def _same_float64(acc, terms, previous) -> bool:
