@@ -262,8 +262,8 @@ def _hkdf(ikm: bytes, salt: bytes, info: bytes, length: int = KEY_SIZE) -> bytes
     return HKDF(algorithm=hashes.SHA256(), length=length, salt=salt, info=info).derive(ikm)
 
 
-def _nonce(seq: int) -> bytes:
-    return b"\x00\x00\x00\x00" + seq.to_bytes(8, "big")
+_NONCE = struct.Struct(">4xQ")  # 4 zero bytes, then the 64-bit counter
+_nonce = _NONCE.pack
 
 
 def _offer_names(offer: int) -> str:
