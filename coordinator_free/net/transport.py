@@ -76,7 +76,12 @@ from coordinator_free.net.channel import (
     edge_leader,
 )
 from coordinator_free.net.linkfaults import LinkFaults
-from coordinator_free.net.wire import Message, WireError, decode_message, encode_message
+from coordinator_free.net.wire import (
+    Message,
+    WireError,
+    decode_message,
+    encode_parts,
+)
 
 __all__ = [
     "Inbound",
@@ -661,7 +666,12 @@ class PeerNet:
         if conn.writer.transport.is_closing():  # lost, and the reader has not noticed yet
             self._drop(conn, "connection lost", graceful=False)
             raise PeerGone(peer, "connection lost")
-        data = encode_message(msg, max_size=self._max_frame - TAG_SIZE)
+        parts = encode_parts(msg)
+        size = sum(map(len, parts))
+        if size > self._max_frame - TAG_SIZE:
+            raise WireError(
+                f"encoded message is {size} bytes, over the limit {self._max_frame - TAG_SIZE}"
+            )
         faults = self._faults
         if faults is None or not faults.declared_any:
             if faults is not None and faults.is_blocked(peer):  # a pulled cable: lost, silently
@@ -676,7 +686,7 @@ class PeerNet:
             copies, corrupt = plan.copies, plan.corrupt
         for copy in range(copies):
             try:
-                conn.channel.send(data)
+                conn.channel.send_parts(parts)
             except ChannelError as exc:  # counter exhausted: this connection cannot send more
                 self._drop(conn, str(exc), level=logging.WARNING, graceful=False)
                 raise PeerGone(peer, str(exc)) from None

@@ -170,21 +170,22 @@ def maybe_install(node: int) -> bool:
     viewlog.value_digest = timed_digest
     step.digest = timed_digest
 
-    for name in ("_seal", "_open"):
+    for name in ("_seal", "_open", "_seal_pieces"):
         if hasattr(channel, name):
             _patch(channel, name, "AEAD", budget)
     derive = channel.SecureChannel._derive_transport_keys
 
     def derive_timed(self):
         k4 = derive(self)
-        if not hasattr(channel, "_seal"):
+        if not isinstance(self._send_aead, _TimedAEAD):
             self._send_aead = _TimedAEAD(self._send_aead, budget)
             self._recv_aead = _TimedAEAD(self._recv_aead, budget)
         return k4
 
     channel.SecureChannel._derive_transport_keys = derive_timed
 
-    transport.encode_message = budget.timed("framing/codec", wire.encode_message)
+    if hasattr(transport, "encode_message"):
+        transport.encode_message = budget.timed("framing/codec", wire.encode_message)
     if hasattr(transport, "encode_parts"):
         transport.encode_parts = budget.timed("framing/codec", wire.encode_parts)
     transport.decode_message = budget.timed("framing/codec", wire.decode_message)
