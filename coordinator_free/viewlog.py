@@ -27,11 +27,14 @@ with ``seq`` counting 0, 1, 2, ... across the whole file. A writer that resumes 
 (``append=True``) writes a ``"resume"`` record and carries on the same sequence.
 
 A record goes to the operating system as soon as it is made, or, when the writer holds records
-(:meth:`ViewLogWriter.hold`, as a peer does while it performs the actions of one event: a step's
-send and recv records), together with the others held, in one vectored write before the node
-waits on anything. Arrays (a logged value) are written from their own memory, never copied into
-the record first. A crash of the node loses at most the records not yet handed over: the one
-being written, or those of the batch being performed. The reader reports such a torn tail (its
+(:meth:`ViewLogWriter.hold`, as a peer does while it handles the events that arrived together),
+with the others held, in one vectored write before the node sends anything and before it waits
+on anything (the network, a timer, a socket): a step's recv records in one write, its send
+records in another. An array of 4 KiB or more (a logged value)
+is written from its own memory, never copied into the record first; the record's bytes are the
+codec's encoding of the record with its large arrays moved to the end of the map, so the file
+format is unchanged. A crash of the node loses at most the records not yet handed over: the
+one being written, or those of the events being handled. The reader reports such a torn tail (its
 offset and size) and returns every record before it. A checksum mismatch means the length
 fields after it can no longer be trusted, so reading stops there, with the offset named. A
 record whose checksum matches but whose payload does not decode is reported and skipped: its

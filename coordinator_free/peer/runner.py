@@ -314,9 +314,10 @@ async def drive(engine, net, vlog, progress: Progress, deadline: float, outgoing
     its actions, until it finishes. ``outgoing(send)`` may replace what is sent (a declared
     ``nan`` fault)."""
     failed: deque[PeerDown] = deque()
-    # The view-log records of the events handled back to back (a step's recv and send records)
-    # are held and handed to the operating system together, in one vectored write, before the
-    # peer waits on anything: the network, a timer, a socket that is not taking a send.
+    # The view-log records of the events handled back to back are held and handed to the
+    # operating system together, in one vectored write, before the peer sends (what it saw
+    # first) and before it waits on anything (the network, a timer, a socket that is not taking
+    # a send): a step's records leave in two writes, its recv records and its send records.
     vlog.hold()
     try:
         actions = engine.start(time.monotonic())
@@ -345,11 +346,15 @@ async def _perform(actions, net, vlog, progress, deadline, failed) -> Finish | N
     """Perform the engine's actions in order. Consecutive sends go out concurrently (each
     bounded by the deadline; two to the same peer keep their order); a failed one is queued
     as a PeerDown for the engine. The caller holds the view log's records; they are flushed
-    before a wait for a socket."""
+    before the sends and before a wait for a socket."""
     i = 0
     while i < len(actions):
         a = actions[i]
         if isinstance(a, Send):
+            # What the node received reaches the operating system before anything it sends
+            # after it (a large frame goes to the socket at once).
+            vlog.flush()
+            vlog.hold()
             batch, peers = [], set()
             while i < len(actions) and isinstance(actions[i], Send):
                 if actions[i].peer in peers:
