@@ -456,15 +456,15 @@ INTERRUPTED_EXIT = 130
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
-def keep_freed_memory(largest: int = 64 << 20) -> bool:
+def keep_freed_memory(largest: int = 32 << 20) -> bool:
     """Let this process (a peer) reuse the memory of the large buffers it frees instead of
     giving it back to the kernel at once. A step allocates and frees the same few buffers of a
     value's size over and over (numpy results, cipher output, received frames); past glibc's
     default threshold (128 KiB, adapting only to blocks strictly larger than the last one
     freed) each comes from a fresh ``mmap`` whose every page faults on first touch, which cost
     more than the arithmetic on a 1 MiB value. Blocks up to ``largest`` bytes now come from
-    the heap, which keeps up to twice that much free memory. No-op (False) where the C
-    library is not glibc."""
+    the heap, which keeps up to twice that much free memory (32 MiB is the largest threshold
+    glibc accepts on 64-bit systems). No-op (False) where the C library is not glibc."""
     try:
         import ctypes
 
