@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import pickle
 import sys
 import tempfile
@@ -38,9 +39,11 @@ import numpy as np
 
 from coordinator_free import config as config_mod
 from coordinator_free.cluster import local
+from coordinator_free.peer import budget as peer_budget
 
-#: (label, float64 entries per vector, steps)
-CASES = (("small (8 floats)", 8, 200), ("1 MiB (131072 floats)", 131072, 30))
+#: (label, float64 entries per vector, steps). Long enough that both sides run warm: over the
+#: first few hundred steps of small vectors ZeroMQ is still speeding up.
+CASES = (("small (8 floats)", 8, 2000), ("1 MiB (131072 floats)", 131072, 60))
 
 
 # --------------------------------------------------------------------------- zmq side
@@ -135,9 +138,13 @@ def zmq_gossip(n: int, dim: int, steps: int) -> float:
 # --------------------------------------------------------------------------- cfree side
 
 
-def cfree_gossip(n: int, dim: int, steps: int, work: Path, log_values: bool) -> float:
+def cfree_gossip(
+    n: int, dim: int, steps: int, work: Path, log_values: bool, budget: Path | None = None
+) -> float:
     """steps/s of the cfree ring (real peers, fork-server start); ``log_values``: every
-    received value in the view logs (the default), or only its digest (``log.values=false``)."""
+    received value in the view logs (the default), or only its digest (``log.values=false``).
+    With ``budget``, node 0 counts where its CPU time goes and writes it there
+    (``coordinator_free/peer/budget.py``)."""
     cfg = config_mod.load(
         None,
         [
@@ -159,10 +166,61 @@ def cfree_gossip(n: int, dim: int, steps: int, work: Path, log_values: bool) -> 
 
     on_event.needs_steps = False  # as `cfree run` without faults: steps reported 10 times a second
 
-    run = asyncio.run(local.launch_peers(cfg, out, show_progress=False, on_event=on_event))
+    if budget is not None:
+        os.environ[peer_budget.ENV] = f"0:{budget}"
+    try:
+        run = asyncio.run(local.launch_peers(cfg, out, show_progress=False, on_event=on_event))
+    finally:
+        os.environ.pop(peer_budget.ENV, None)
     if run.failed or len(times["finished"]) != n:
         raise SystemExit(f"cfree: {len(run.failed)} peer(s) failed")
     return steps / (max(times["finished"].values()) - max(times["connected"].values()))
+
+
+def budget_main(args) -> int:
+    """Node 0's CPU time per step, by part (``coordinator_free/peer/budget.py``), for every
+    case, with every received value logged (the default) and with digests only."""
+    rows = []
+    load0 = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="cfree-bench-budget-") as tmp:
+        for label, dim, steps in CASES:
+            steps = max(2, round(steps * args.steps_scale))
+            for log_values in (True, False):
+                best = None
+                for k in range(args.repeat):
+                    path = Path(tmp) / f"budget-{dim}-{log_values}-{k}.json"
+                    rate = cfree_gossip(
+                        args.nodes, dim, steps, Path(tmp) / str(k), log_values, budget=path
+                    )
+                    got = json.loads(path.read_text())
+                    got["steps_per_s"] = rate
+                    if best is None or got["cpu_s"] < best["cpu_s"]:
+                        best = got
+                assert best is not None
+                best.update(case=label, dim=dim, log_values=log_values)
+                rows.append(best)
+    load1 = os.getloadavg()
+    if args.json:
+        print(json.dumps({"nodes": args.nodes, "load": [load0, load1], "rows": rows}, indent=1))
+        return 0
+    print(
+        f"ring of {args.nodes} nodes; node 0's CPU time per step by part, in microseconds "
+        f"(share of its total), the run with the least CPU of {args.repeat}"
+    )
+    print(f"load average at start {load0[0]:.2f}, at end {load1[0]:.2f}")
+    for r in rows:
+        per = 1e6 / r["steps"]
+        total = r["cpu_s"] * per
+        what = "values logged" if r["log_values"] else "digests only"
+        print(
+            f"\n{r['case']}, {what}: {total:.0f} us per step "
+            f"(ring {r['steps_per_s']:.1f} steps/s, {r['steps']} steps; "
+            f"{r['page_faults'] / r['steps']:.0f} page faults per step)"
+        )
+        for part in peer_budget.PARTS:
+            us = r["parts_s"][part] * per
+            print(f"  {part:<18} {us:>9.1f} us {100 * us / total:>6.1f} %")
+    return 0
 
 
 def main() -> int:
@@ -173,13 +231,21 @@ def main() -> int:
         "--repeat", type=int, default=3, help="runs of each side, alternating; the best counts"
     )
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    ap.add_argument(
+        "--budget",
+        action="store_true",
+        help="instead of the comparison: where one peer's CPU time per step goes (cfree only)",
+    )
     args = ap.parse_args()
+    if args.budget:
+        return budget_main(args)
     try:
         import zmq
     except ImportError:
         print("bench_vs_zmq needs pyzmq: pip install -e '.[bench]'", file=sys.stderr)
         return 2
     rows = []
+    load0 = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="cfree-bench-zmq-") as tmp:
         for label, dim, steps in CASES:
             steps = max(2, round(steps * args.steps_scale))
@@ -201,11 +267,13 @@ def main() -> int:
                     "ratio_digests": digests / theirs,
                 }
             )
-    out = {"nodes": args.nodes, "pyzmq": zmq.__version__, "cases": rows}
+    load1 = os.getloadavg()
+    out = {"nodes": args.nodes, "pyzmq": zmq.__version__, "load": [load0, load1], "cases": rows}
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
     print(f"ring of {args.nodes} nodes, one process each; pyzmq {zmq.__version__}")
+    print(f"load average at start {load0[0]:.2f}, at end {load1[0]:.2f}")
     print("steps/s; cfree with every received value in its view logs (log.values = true, the")
     print("default), and with only their digests (log.values = false; the audit is the same)")
     print(

@@ -33,6 +33,10 @@ def raw_bytes(arr: np.ndarray):
     return memoryview(arr.reshape(-1)).cast("B") if arr.size else b""
 
 
+#: The ``[dtype, shape]`` headers of the arrays encoded so far (a run has a few shapes).
+_HEADERS: dict[tuple, bytes] = {}
+
+
 def _default(obj):
     if isinstance(obj, np.ndarray):
         # np.require keeps 0-d arrays 0-d (ascontiguousarray would make them 1-d).
@@ -40,9 +44,14 @@ def _default(obj):
         if arr.dtype.byteorder == ">":
             arr = arr.astype(arr.dtype.newbyteorder("<"))
         dtype = arr.dtype.str
-        if dtype not in ALLOWED_DTYPES:
-            raise TypeError(f"array dtype {dtype} cannot be encoded")
-        header = msgpack.packb([dtype, list(arr.shape)])
+        header = _HEADERS.get((dtype, arr.shape))
+        if header is None:
+            if dtype not in ALLOWED_DTYPES:
+                raise TypeError(f"array dtype {dtype} cannot be encoded")
+            header = msgpack.packb([dtype, list(arr.shape)])
+            if len(_HEADERS) >= 256:
+                _HEADERS.clear()
+            _HEADERS[(dtype, arr.shape)] = header
         # ExtType needs bytes, so the array data is copied once here (straight from the array).
         return msgpack.ExtType(ARRAY_EXT, header + raw_bytes(arr))
     if isinstance(obj, np.generic):

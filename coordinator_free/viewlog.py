@@ -26,8 +26,15 @@ and every later record is::
 with ``seq`` counting 0, 1, 2, ... across the whole file. A writer that resumes an existing log
 (``append=True``) writes a ``"resume"`` record and carries on the same sequence.
 
-Each record goes to the operating system in one ``write`` as soon as it is made, so a crash of
-the node loses at most the record being written. The reader reports such a torn tail (its
+A record goes to the operating system as soon as it is made, or, when the writer holds records
+(:meth:`ViewLogWriter.hold`, as a peer does while it handles the events that arrived together),
+with the others held, in one vectored write before the node sends anything and before it waits
+on anything (the network, a timer, a socket): a step's recv records in one write, its send
+records in another. An array of 4 KiB or more (a logged value)
+is written from its own memory, never copied into the record first; the record's bytes are the
+codec's encoding of the record with its large arrays moved to the end of the map, so the file
+format is unchanged. A crash of the node loses at most the records not yet handed over: the
+one being written, or those of the events being handled. The reader reports such a torn tail (its
 offset and size) and returns every record before it. A checksum mismatch means the length
 fields after it can no longer be trusted, so reading stops there, with the offset named. A
 record whose checksum matches but whose payload does not decode is reported and skipped: its
@@ -47,7 +54,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coordinator_free.codec import CodecError, pack, raw_bytes, unpack
+import msgpack
+import numpy as np
+
+from coordinator_free.codec import ALLOWED_DTYPES, ARRAY_EXT, CodecError, pack, raw_bytes, unpack
 from coordinator_free.errors import CfreeError
 
 try:  # POSIX advisory locks keep two processes from writing one log.
@@ -60,6 +70,7 @@ FORMAT = "cfree-viewlog"
 VERSION = 1
 MAX_RECORD_BYTES = 256 * 1024 * 1024
 FRAME = struct.Struct(">II")
+_IOV_MAX = 1024  # pieces per writev (the Linux and BSD limit)
 
 #: Field names that must never appear in a view log, at any nesting depth (case-insensitive).
 FORBIDDEN_FIELDS = frozenset(
@@ -347,25 +358,43 @@ def _header_problems(offset: int, header: dict) -> list[LogProblem]:
 _LEAVES = frozenset({str, int, float, bool, bytes, type(None)})
 
 
+#: Map keys already found acceptable (strings that name no secret), so not checked again.
+_SAFE_NAMES: set = set()
+
+
+def _check_name(key: Any, where: str) -> None:
+    if not isinstance(key, str):
+        raise ValueError(
+            f"{where}: map key {key!r} is a {type(key).__name__}; view log map keys "
+            "must be strings (convert it with str())"
+        )
+    if key.lower() in FORBIDDEN_FIELDS:
+        raise ValueError(
+            f"{where}.{key}: field name {key!r} suggests a secret; the view log must "
+            "never hold secrets (private keys, pair seeds, own noise)"
+        )
+
+
 def check_fields(value: Any, where: str = "fields") -> None:
     """Refuse secret-looking field names and non-string map keys, at any depth.
 
     Raises :class:`ValueError` naming the path to the offending field.
     """
-    if type(value) in _LEAVES:  # the common values, told apart without the ABC checks
+    if type(value) in _LEAVES or type(value) is np.ndarray:  # told apart without ABC checks
+        return
+    if type(value) is dict:  # the common map: names seen before, checked once
+        safe = _SAFE_NAMES
+        for key, item in value.items():
+            if key not in safe:
+                _check_name(key, where)
+                if len(safe) < 4096:
+                    safe.add(key)
+            if type(item) not in _LEAVES and type(item) is not np.ndarray:
+                check_fields(item, f"{where}.{key}")
         return
     if isinstance(value, Mapping):
         for key, item in value.items():
-            if not isinstance(key, str):
-                raise ValueError(
-                    f"{where}: map key {key!r} is a {type(key).__name__}; view log map keys "
-                    "must be strings (convert it with str())"
-                )
-            if key.lower() in FORBIDDEN_FIELDS:
-                raise ValueError(
-                    f"{where}.{key}: field name {key!r} suggests a secret; the view log must "
-                    "never hold secrets (private keys, pair seeds, own noise)"
-                )
+            _check_name(key, where)
             check_fields(item, f"{where}.{key}")
     elif isinstance(value, list | tuple):
         for i, item in enumerate(value):
@@ -373,15 +402,97 @@ def check_fields(value: Any, where: str = "fields") -> None:
 
 
 def _encode(record: dict) -> bytes:
+    return b"".join(_encode_parts(record))
+
+
+def _ext_header(body_len: int) -> bytes:
+    """The msgpack extension header of an array body of ``body_len`` bytes, as msgpack itself
+    writes it (fixext for 1, 2, 4, 8, 16 bytes, else ext 8 / 16 / 32)."""
+    code = ARRAY_EXT.to_bytes(1, "big")
+    fixed = _FIXEXT.get(body_len)
+    if fixed is not None:
+        return fixed + code
+    if body_len < 0x100:
+        return b"\xc7" + body_len.to_bytes(1, "big") + code
+    if body_len < 0x10000:
+        return b"\xc8" + body_len.to_bytes(2, "big") + code
+    return b"\xc9" + body_len.to_bytes(4, "big") + code
+
+
+#: Arrays of at least this many bytes are written from their own memory; smaller ones are
+#: packed with the record (a copy costs less than a separate piece).
+_BY_VIEW = 4096
+_FIXEXT = {1: b"\xd4", 2: b"\xd5", 4: b"\xd6", 8: b"\xd7", 16: b"\xd8"}
+_ARRAY_HEADERS: dict[tuple, bytes] = {}
+
+
+def _array_parts(key: str, arr: np.ndarray) -> list:
+    """The msgpack bytes of ``key: arr`` (the codec's array extension) as pieces: the array's
+    data is a view on its own memory, never copied. The same bytes :func:`codec.pack` writes."""
+    arr = np.require(arr, requirements="C")
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    dtype = arr.dtype.str
+    if dtype not in ALLOWED_DTYPES:
+        raise TypeError(f"array dtype {dtype} cannot be encoded")
+    shape = arr.shape
+    header = _ARRAY_HEADERS.get((dtype, shape))
+    if header is None:
+        header = msgpack.packb([dtype, list(shape)])
+        if len(_ARRAY_HEADERS) >= 64:
+            _ARRAY_HEADERS.clear()
+        _ARRAY_HEADERS[(dtype, shape)] = header
+    return [pack(key) + _ext_header(len(header) + arr.nbytes) + header, raw_bytes(arr)]
+
+
+def _map_header(count: int) -> bytes:
+    if count < 16:
+        return bytes([0x80 | count])
+    if count < 0x10000:
+        return b"\xde" + count.to_bytes(2, "big")
+    return b"\xdf" + count.to_bytes(4, "big")
+
+
+def _encode_parts(record: dict) -> list:
+    """A record's frame as pieces for one vectored write: the frame header, the record's
+    msgpack bytes and, for every array at the top level of the record, a view on the array's
+    own memory (its data is never copied; the checksum runs over the pieces). The bytes are
+    those of one :func:`codec.pack` of the record with its arrays moved to the end."""
+    arrays = [k for k, v in record.items() if type(v) is np.ndarray and v.nbytes >= _BY_VIEW]
     try:
-        payload = pack(record)
-    except (TypeError, ValueError, OverflowError) as exc:
+        if not arrays:
+            payload = pack(record)
+            if len(payload) > MAX_RECORD_BYTES:
+                raise ValueError(
+                    f"{record.get('k')!r} record is {len(payload)} bytes, over the limit "
+                    f"{MAX_RECORD_BYTES}"
+                )
+            return [FRAME.pack(len(payload), zlib.crc32(payload)) + payload]
+        else:
+            rest = {k: v for k, v in record.items() if type(v) is not np.ndarray}
+            head = pack(rest)
+            first = head[0]
+            skip = 1 if first & 0xF0 == 0x80 else 3 if first == 0xDE else 5
+            pieces = [_map_header(len(record)), memoryview(head)[skip:]]
+            for k in arrays:
+                pieces.extend(_array_parts(k, record[k]))
+    except (TypeError, OverflowError) as exc:
         raise ValueError(f"cannot encode {record.get('k')!r} record: {exc}") from None
-    if len(payload) > MAX_RECORD_BYTES:
+    except ValueError as exc:
+        if "over the limit" in str(exc):
+            raise
+        raise ValueError(f"cannot encode {record.get('k')!r} record: {exc}") from None
+    length = 0
+    crc = 0
+    for piece in pieces:
+        length += len(piece)
+        crc = zlib.crc32(piece, crc)
+    if length > MAX_RECORD_BYTES:
         raise ValueError(
-            f"{record.get('k')!r} record is {len(payload)} bytes, over the limit {MAX_RECORD_BYTES}"
+            f"{record.get('k')!r} record is {length} bytes, over the limit {MAX_RECORD_BYTES}"
         )
-    return FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+    pieces.insert(0, FRAME.pack(length, crc))
+    return pieces
 
 
 class ViewLogWriter:
@@ -425,6 +536,7 @@ class ViewLogWriter:
         self._seq = 0
         self._size = 0
         self._broken: str | None = None
+        self._held: list | None = None  # records kept for one vectored write (hold / flush)
         header = {
             "k": "header",
             "format": FORMAT,
@@ -548,8 +660,8 @@ class ViewLogWriter:
             raise ValueError(f"record kind must be a non-empty string, got {kind!r}")
         if kind in RESERVED_KINDS:
             raise ValueError(f"record kind {kind!r} is reserved for the writer itself")
-        clash = RESERVED_FIELDS.intersection(fields)
-        if clash:
+        if not RESERVED_FIELDS.isdisjoint(fields):
+            clash = RESERVED_FIELDS.intersection(fields)
             raise ValueError(f"field names {sorted(clash)} are filled in by the writer")
         check_fields(fields, kind)
         return self._write_record(kind, fields)
@@ -568,19 +680,54 @@ class ViewLogWriter:
                 "t_wall": time.time(),
                 **fields,
             }
-            self._append_bytes(_encode(record))
+            parts = _encode_parts(record)
+            if self._held is not None:
+                self._held.extend(parts)
+            else:
+                self._append_bytes(parts)
             self._seq = seq + 1
             return seq
 
-    def _append_bytes(self, data: bytes) -> None:
-        """Write ``data`` at the end; on failure cut the file back so no torn record remains."""
+    def hold(self) -> None:
+        """Keep the records written from now on until :meth:`flush`, which hands them to the
+        operating system together, in one vectored write (a step's records: one system call).
+        Their ``seq`` and times are those of the moment each was written. The caller flushes
+        before it waits on anything (the network, a timer), so a crash loses no more than the
+        records made since the last flush, a few microseconds of work; a torn tail is cut by
+        the reader as before (every record keeps its own frame and checksum)."""
+        with self._lock:
+            if self._held is None:
+                self._held = []
+
+    def flush(self) -> None:
+        """Write the held records (one vectored write) and stop holding. Idempotent."""
+        with self._lock:
+            held, self._held = self._held, None
+            if held and self._fd is not None:
+                self._append_bytes(held)
+
+    def _append_bytes(self, data: bytes | list) -> None:
+        """Write ``data`` (bytes, or pieces written back to back) at the end; on failure cut
+        the file back so no torn record remains."""
         assert self._fd is not None
         start = self._size
-        view = memoryview(data)
+        # Pieces are bytes or flat byte views (len() is their size in bytes).
+        pieces = [data] if isinstance(data, bytes) else data
+        total = sum(map(len, pieces))
         try:
-            while view:
-                written = os.write(self._fd, view)
-                view = view[written:]
+            i = 0
+            while i < len(pieces):
+                written = os.writev(self._fd, pieces[i : i + _IOV_MAX])
+                while written:  # skip what was written; a partial piece keeps its rest
+                    n = len(pieces[i])
+                    if written >= n:
+                        written -= n
+                        i += 1
+                    else:
+                        pieces[i] = memoryview(pieces[i])[written:]
+                        written = 0
+                while i < len(pieces) and not len(pieces[i]):
+                    i += 1
         except BaseException as exc:
             try:
                 os.ftruncate(self._fd, start)
@@ -590,7 +737,7 @@ class ViewLogWriter:
                     f"({trunc_exc})"
                 )
             raise
-        self._size = start + len(data)
+        self._size = start + total
 
     def sync(self) -> None:
         """Force everything written so far to stable storage."""
@@ -599,7 +746,9 @@ class ViewLogWriter:
                 os.fsync(self._fd)
 
     def close(self) -> None:
-        """Close the file (idempotent); with ``fsync=True`` sync it first."""
+        """Write the held records, close the file (idempotent); with ``fsync=True`` sync it
+        first."""
+        self.flush()
         with self._lock:
             fd, self._fd = self._fd, None
             if fd is None:
@@ -625,6 +774,6 @@ def value_digest(value) -> str:
     """The digest a view log records for a vector (send, recv, token records): the first 128
     bits of SHA-256 over its bytes, in hex. The sender and the receiver of a value compute it
     alike, so the auditor can match what was sent with what was received."""
-    import numpy as np
-
+    if type(value) is np.ndarray and value.flags.c_contiguous and value.size:
+        return hashlib.sha256(value).hexdigest()[:32]  # its own buffer, as it lies
     return hashlib.sha256(raw_bytes(np.ascontiguousarray(value))).hexdigest()[:32]

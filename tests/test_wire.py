@@ -322,3 +322,89 @@ def test_fuzz_mutations_of_valid_encodings():
             start = rnd.randrange(len(data))
             del data[start : start + rnd.randrange(1, 6)]
         _check_only_wire_error(bytes(data))
+
+
+def _general(data: bytes):
+    """What the general decoder makes of ``data`` (a bytearray never takes the in-place path):
+    the message, or the WireError's text."""
+    try:
+        return decode_message(bytearray(data))
+    except WireError as exc:
+        return str(exc)
+
+
+def test_in_place_reader_agrees_with_the_general_decoder():
+    """Envelopes as encode_message writes them (no meta) are read in place; on every mutation
+    the result is the general decoder's, message or error."""
+    rnd = random.Random(7)
+    rng = np.random.default_rng(7)
+    samples = [
+        encode_message(Message("value", 0, 3, payload=rng.standard_normal(8))),
+        encode_message(Message("value", 70000, 2**40, payload=rng.standard_normal(300))),
+        encode_message(Message("done", 0, 12)),
+        encode_message(Message("token", 1, 1, payload=np.arange(6, dtype="<i2").reshape(3, 2))),
+        encode_message(Message("value", 0, 0, payload=np.zeros(0))),
+        encode_message(Message("value", 0, 0, payload=np.zeros((2, 0, 3), dtype="|u1"))),
+    ]
+    for data in samples:
+        fast = wire._decode_canonical(data)
+        assert fast is not None and fast == decode_message(bytearray(data))
+        assert fast.payload is None or not fast.payload.size or not fast.payload.flags.writeable
+    # The payload is a view on the envelope's bytes, not a copy.
+    big = encode_message(Message("value", 0, 1, payload=np.arange(1000.0)))
+    assert np.shares_memory(decode_message(big).payload, np.frombuffer(big, dtype="u1"))
+    for _ in range(6000):
+        data = bytearray(rnd.choice(samples))
+        op = rnd.randrange(4)
+        if op == 0:
+            for _ in range(rnd.randrange(1, 3)):
+                data[rnd.randrange(len(data))] = rnd.randrange(256)
+        elif op == 1:
+            del data[rnd.randrange(len(data)) :]
+        elif op == 2:
+            pos = rnd.randrange(len(data) + 1)
+            data[pos:pos] = rnd.randbytes(rnd.randrange(1, 5))
+        else:
+            start = rnd.randrange(len(data))
+            del data[start : start + rnd.randrange(1, 6)]
+        data = bytes(data)
+        try:
+            got = decode_message(data)
+        except WireError as exc:
+            got = str(exc)
+        assert got == _general(data), data
+
+
+def test_encode_parts_join_to_the_codec_encoding():
+    """Without meta the envelope's head comes from a cache: the same bytes the codec writes."""
+    for msg in (Message("done", 3, 2**33), Message("walk_end", 0, 7)):
+        head = codec.pack(
+            {"v": 1, "kind": msg.kind, "round": msg.round, "step": msg.step, "meta": {}}
+        )
+        joined = b"".join(wire.encode_parts(msg))
+        assert joined == encode_message(msg) == b"\x86" + head[1:] + wire._PAYLOAD_KEY + b"\xc0"
+        assert decode_message(joined) == msg
+
+
+@pytest.mark.parametrize("round_", [0, 1, 200, 70000, 2**40])
+@pytest.mark.parametrize("step", [0, 5, 127, 128, 255, 256, 65535, 65536, 2**33])
+@pytest.mark.parametrize(
+    "payload",
+    [np.arange(8.0), np.arange(131072.0), np.ones((3, 5), dtype="<i4"), np.zeros(0), np.ones(1)],
+    ids=["f8x8", "f8x131072", "i4x3x5", "empty", "f8x1"],
+)
+def test_payload_data_lies_aligned_in_the_envelope(round_, step, payload):
+    """The payload's data starts at a multiple of 8 bytes (longer integer encodings where that
+    aligns it), so a receiver uses it where it lies; the envelope decodes alike either way."""
+    msg = Message("value", round_, step, payload=payload)
+    parts = wire.encode_parts(msg)
+    data = b"".join(parts)
+    assert data == encode_message(msg)
+    if payload.nbytes:
+        assert (len(data) - payload.nbytes) % 8 == 0
+        got = decode_message(data)
+        assert got.payload.flags.aligned and np.shares_memory(
+            got.payload, np.frombuffer(data, dtype="u1")
+        )
+    assert decode_message(data) == msg == decode_message(bytearray(data))
+    assert codec.unpack(data)["step"] == step and codec.unpack(data)["round"] == round_

@@ -60,6 +60,21 @@ DOWN_GRACE_DEADLINES = 2.0
 digest = value_digest
 
 
+def own_copy(payload: np.ndarray) -> np.ndarray:
+    """A received value as the node keeps it: an aligned float64 array nobody else can change.
+    A decoded message's payload already is one when its data lies aligned in the frame's
+    plaintext (a read-only view on bytes nothing else holds): it is kept as it is, without a
+    copy; anything else is copied (numpy would otherwise copy an unaligned array piecewise in
+    every operation on it)."""
+    if payload.dtype == np.float64 and payload.flags.aligned and not payload.flags.writeable:
+        base = payload.base
+        while isinstance(base, np.ndarray):
+            base = base.base
+        if type(base) is bytes:  # immutable memory
+            return payload
+    return np.array(payload, dtype=np.float64)
+
+
 # ---------------------------------------------------------------------------------- requests
 
 
@@ -283,10 +298,11 @@ class StepEngine:
         if now >= self._until:
             return True
         t = self._req.t
-        return not any(
-            w not in self._got and (t, w) not in self.refused and self._waitable(w, now)
-            for w in self._partners
-        )
+        got, refused = self._got, self.refused
+        for w in self._partners:
+            if w not in got and (t, w) not in refused and self._waitable(w, now):
+                return False
+        return True
 
     def _complete_exchange(self, now: float) -> None:
         t = self._req.t
@@ -324,10 +340,12 @@ class StepEngine:
             self._inbound(t, ev.peer, ev.message, self._got)
 
     def _log_value(self, kind: str, step: int, peer: int, value: np.ndarray, **extra) -> None:
-        fields = {"digest": digest(value), "nbytes": value.nbytes, **extra}
+        fields = {"step": step, "peer": peer, "digest": digest(value), "nbytes": value.nbytes}
+        if extra:
+            fields.update(extra)
         if self.log_values:
             fields["value"] = value
-        self.out.log(kind, step=step, peer=peer, **fields)
+        self.out.actions.append(Log(kind, fields))
 
     def _inbound(self, t: int, peer: int, m: Message, got: dict) -> None:
         if m.kind in self.handlers:
@@ -340,7 +358,7 @@ class StepEngine:
         if m.kind != "value" or m.payload is None or m.payload.shape != self.shape:
             self.out.log("bad-message", step=t, peer=peer, kind=m.kind)
             return
-        value = np.array(m.payload, dtype=np.float64)  # own copy, writable
+        value = own_copy(m.payload)
         if not 0 <= m.step < self.steps:
             self.out.log("bad-message", step=t, peer=peer, kind="beyond-last-step", at=m.step)
             return
@@ -412,7 +430,7 @@ class StepEngine:
                 and 0 <= m.step < self.steps
                 and ev.peer in self.partners_at(m.step)
             ):
-                value = np.array(m.payload, dtype=np.float64)
+                value = own_copy(m.payload)
                 if not np.isfinite(value).all():
                     self._refuse(self.steps, ev.peer, m.step, {})
                     return
@@ -428,7 +446,7 @@ class StepEngine:
         self.out.log("finished", steps=self.steps, missed=len(self.missed), late=self.late)
         result = {
             "node": self.node,
-            "estimate": [float(v) for v in outcome.estimate],
+            "estimate": np.asarray(outcome.estimate, dtype=np.float64).tolist(),
             "steps": self.steps,
             "elapsed_s": self._run_s,
             "missed": self.missed,

@@ -41,9 +41,11 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
+import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
@@ -262,8 +264,28 @@ def _hkdf(ikm: bytes, salt: bytes, info: bytes, length: int = KEY_SIZE) -> bytes
     return HKDF(algorithm=hashes.SHA256(), length=length, salt=salt, info=info).derive(ikm)
 
 
-def _nonce(seq: int) -> bytes:
-    return b"\x00\x00\x00\x00" + seq.to_bytes(8, "big")
+#: Data frames of at least this many bytes given in pieces (:meth:`SecureChannel.send_parts`)
+#: are encrypted piece by piece under AES-256-GCM.
+STREAM_MIN = 64 << 10
+
+
+def _seal_pieces(key: bytes, nonce: bytes, aad: bytes, pieces: list, total: int) -> memoryview:
+    """AES-256-GCM of the pieces' concatenation (``total`` bytes), tag appended: the bytes
+    ``AESGCM(key).encrypt(nonce, b"".join(pieces), aad)`` returns, without the join."""
+    enc = Cipher(algorithms.AES(key), modes.GCM(nonce)).encryptor()
+    enc.authenticate_additional_data(aad)
+    out = np.empty(total + TAG_SIZE, dtype=np.uint8)  # every byte is written below
+    view = memoryview(out)
+    pos = 0
+    for piece in pieces:
+        pos += enc.update_into(piece, view[pos:])
+    enc.finalize()
+    view[pos:] = enc.tag
+    return view
+
+
+_NONCE = struct.Struct(">4xQ")  # 4 zero bytes, then the 64-bit counter
+_nonce = _NONCE.pack
 
 
 def _offer_names(offer: int) -> str:
@@ -387,6 +409,7 @@ class SecureChannel:
         self._pending_len: int | None = None
         self._pending_type = 0
         self._send_aead: ChaCha20Poly1305 | AESGCM | None = None
+        self._send_key: bytes | None = None  # AES-256-GCM only (send_parts)
         self._recv_aead: ChaCha20Poly1305 | AESGCM | None = None
         self._suite = 0
         self._send_seq = 0
@@ -465,6 +488,26 @@ class SecureChannel:
         if self._state is _State.START:
             self._fail(HandshakeError("received data before the handshake started"), [])
         self._buf += data
+        return self._process()
+
+    def share_buffer(self, buf: bytearray) -> None:
+        """From now on, read frames from ``buf``: a buffer the caller appends the arrived bytes
+        to itself (a stream's receive buffer), instead of handing them to
+        :meth:`receive_data`, which would copy them here. :meth:`receive_buffered` then
+        decrypts the complete frames where they lie and cuts them from the front of ``buf``.
+        Only for an established channel that holds no bytes of its own."""
+        if self._state is not _State.ESTABLISHED or self._buf:
+            raise ValueError("only an established channel with nothing buffered shares a buffer")
+        self._buf = buf
+
+    def receive_buffered(self) -> list[Event]:
+        """:meth:`receive_data` for a shared buffer (:meth:`share_buffer`): the events the
+        bytes now in it complete, in order."""
+        if self._state is _State.CLOSED:
+            raise ChannelClosed(f"channel is closed ({self._close_reason})")
+        return self._process()
+
+    def _process(self) -> list[Event]:
         events: list[Event] = []
         try:
             while self._step(events):
@@ -567,6 +610,7 @@ class SecureChannel:
         self._buf = bytearray()
         self._off = 0
         self._send_aead = self._recv_aead = None
+        self._send_key = None
         self._ephemeral = None
         self._dh = b""
 
@@ -588,15 +632,31 @@ class SecureChannel:
         except ValueError:
             raise HandshakeError(f"{what} is a low-order point (all-zero shared secret)") from None
 
-    def _send_frame(self, ftype: int, payload: bytes | bytearray | memoryview) -> None:
+    def send_parts(self, parts: list) -> None:
+        """Encrypt the byte strings ``parts``, written back to back, as one data frame and queue
+        it: the frame :meth:`send` makes of their join. A large payload under AES-256-GCM is
+        encrypted piece by piece, without joining the pieces first (one copy of it fewer)."""
+        if len(parts) == 1:
+            self._send_frame(FRAME_DATA, parts[0])
+            return
+        total = sum(map(len, parts))
+        if self._send_key is None or total < STREAM_MIN:
+            self._send_frame(FRAME_DATA, b"".join(parts))
+            return
+        self._send_frame(FRAME_DATA, parts, total)
+
+    def _send_frame(
+        self, ftype: int, payload: bytes | bytearray | memoryview | list, total: int = -1
+    ) -> None:
         if self._state is _State.CLOSED:
             raise ChannelClosed(f"channel is closed ({self._close_reason})")
         if self._state is not _State.ESTABLISHED or self._send_aead is None:
             raise ChannelClosed("cannot send before the handshake is complete")
-        length = len(payload) + TAG_SIZE
+        size = total if total >= 0 else len(payload)
+        length = size + TAG_SIZE
         if length > self._max_frame:
             raise ValueError(
-                f"payload of {len(payload)} bytes does not fit a frame (max_frame {self._max_frame}, "
+                f"payload of {size} bytes does not fit a frame (max_frame {self._max_frame}, "
                 f"including the {TAG_SIZE}-byte tag)"
             )
         seq = self._send_seq
@@ -605,7 +665,10 @@ class SecureChannel:
                 f"send counter exhausted after {MAX_SEQ + 1} frames; a new connection is needed"
             )
         header = _HEADER.pack(length, ftype, seq)
-        ciphertext = self._send_aead.encrypt(_nonce(seq), payload, header)
+        if total >= 0:
+            ciphertext = _seal_pieces(self._send_key, _nonce(seq), header, payload, total)
+        else:
+            ciphertext = self._send_aead.encrypt(_nonce(seq), payload, header)
         self._send_seq = seq + 1
         self._out.append(header)
         self._out.append(ciphertext)
@@ -781,6 +844,8 @@ class SecureChannel:
             self._send_aead, self._recv_aead = aead(k_i2r), aead(k_r2i)
         else:
             self._send_aead, self._recv_aead = aead(k_r2i), aead(k_i2r)
+        if self._suite == AES_256_GCM:  # the pieces of a large frame: encrypted one by one
+            self._send_key = k_i2r if self._initiator else k_r2i
         self._ephemeral = None
         self._peer_ephemeral = None
         self._dh = b""

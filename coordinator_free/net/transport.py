@@ -76,7 +76,12 @@ from coordinator_free.net.channel import (
     edge_leader,
 )
 from coordinator_free.net.linkfaults import LinkFaults
-from coordinator_free.net.wire import Message, WireError, decode_message, encode_message
+from coordinator_free.net.wire import (
+    Message,
+    WireError,
+    decode_message,
+    encode_parts,
+)
 
 __all__ = [
     "Inbound",
@@ -172,6 +177,11 @@ class _Drop(Exception):
 # --------------------------------------------------------------------------- connection
 
 
+def _wake(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 class _EventQueue(deque):
     """The node's events in arrival order: a deque, plus a wait for the next one when empty
     (one reader: :meth:`PeerNet.next_event`)."""
@@ -185,6 +195,20 @@ class _EventQueue(deque):
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)
+
+    async def get_within(self, timeout: float) -> NetEvent | None:
+        """The next event, or None after ``timeout`` seconds without one (a timer on the
+        wait itself: cheaper than a timeout context around :meth:`get`, once per step)."""
+        if not self:
+            loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            timer = loop.call_later(timeout, _wake, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+        return self.popleft() if self else None
 
     async def get(self) -> NetEvent:
         while not self:
@@ -224,6 +248,8 @@ class _Conn:
         "hs_suppressed",
         "wbuf",
         "wbytes",
+        "shared",
+        "seen",
     )
 
     def __init__(
@@ -264,6 +290,10 @@ class _Conn:
         # end (one system call for a step's small frames): None when nothing is waiting.
         self.wbuf: list[bytes] | None = None
         self.wbytes = 0
+        # Established: the channel reads its frames straight from the stream's receive buffer
+        # (no copy into a bytes object, none into the channel); ``seen`` of its bytes counted.
+        self.shared = False
+        self.seen = 0
 
     @property
     def label(self) -> str:
@@ -636,7 +666,12 @@ class PeerNet:
         if conn.writer.transport.is_closing():  # lost, and the reader has not noticed yet
             self._drop(conn, "connection lost", graceful=False)
             raise PeerGone(peer, "connection lost")
-        data = encode_message(msg, max_size=self._max_frame - TAG_SIZE)
+        parts = encode_parts(msg)
+        size = sum(map(len, parts))
+        if size > self._max_frame - TAG_SIZE:
+            raise WireError(
+                f"encoded message is {size} bytes, over the limit {self._max_frame - TAG_SIZE}"
+            )
         faults = self._faults
         if faults is None or not faults.declared_any:
             if faults is not None and faults.is_blocked(peer):  # a pulled cable: lost, silently
@@ -651,7 +686,7 @@ class PeerNet:
             copies, corrupt = plan.copies, plan.corrupt
         for copy in range(copies):
             try:
-                conn.channel.send(data)
+                conn.channel.send_parts(parts)
             except ChannelError as exc:  # counter exhausted: this connection cannot send more
                 self._drop(conn, str(exc), level=logging.WARNING, graceful=False)
                 raise PeerGone(peer, str(exc)) from None
@@ -680,6 +715,10 @@ class PeerNet:
             self._drop(conn, reason, graceful=False)
             raise PeerGone(peer, reason) from None
 
+    def ready_event(self) -> NetEvent | None:
+        """The next event if one has already arrived (no waiting), else None."""
+        return self._events.popleft() if self._events else None
+
     async def next_event(self, timeout: float) -> NetEvent | None:
         """The next :class:`Inbound` / :class:`PeerDown` / :class:`PeerUp`, or None after
         ``timeout`` seconds without one."""
@@ -687,11 +726,7 @@ class PeerNet:
             return self._events.popleft()
         if timeout <= 0:
             return None
-        try:
-            async with asyncio.timeout(timeout):
-                return await self._events.get()
-        except TimeoutError:
-            return None
+        return await self._events.get_within(timeout)
 
     async def close(self) -> None:
         """Close every connection, the listener and all background tasks. Idempotent."""
@@ -925,6 +960,61 @@ class PeerNet:
         peer = conn.peer if conn.peer is not None else conn.channel.peer_id
         return faults.is_blocked(peer)
 
+    def _share(self, conn: _Conn) -> None:
+        """Let an established channel read from its stream's own buffer (asyncio's
+        ``StreamReader`` keeps the arrived bytes in a bytearray it only appends to and cuts from
+        the front): every byte is then copied once, from the socket into that buffer."""
+        buf = getattr(conn.reader, "_buffer", None)
+        if type(buf) is bytearray and not conn.channel.mid_frame:
+            conn.channel.share_buffer(buf)
+            conn.shared = True
+            conn.seen = 0
+
+    async def _read_shared(self, conn: _Conn, timeout: float | None, what: str) -> None:
+        """:meth:`_read` for a channel that shares the stream's buffer (:meth:`_share`)."""
+        ch, reader = conn.channel, conn.reader
+        buf = reader._buffer
+        n = ch.bytes_needed()
+        try:
+            if n > 0 or len(buf) == conn.seen:  # nothing complete to decode yet: wait
+                if reader._exception is not None:
+                    raise reader._exception
+                if reader._eof:
+                    raise asyncio.IncompleteReadError(b"", n)
+                if timeout is None:  # between frames: no deadline to arm
+                    await reader._wait_for_data("read")
+                else:
+                    async with asyncio.timeout(timeout):
+                        await reader._wait_for_data("read")
+                if len(buf) == conn.seen:
+                    if reader._exception is not None:
+                        raise reader._exception
+                    raise asyncio.IncompleteReadError(b"", n)  # woken by the end of stream
+        except TimeoutError:
+            raise TimeoutError(f"{what} not received within {timeout:g} s") from None
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            if self._blocked(conn):
+                await self._quiet_while_blocked(conn, timeout, what)
+            if isinstance(exc, ConnectionError):
+                raise
+            ch.receive_eof()  # raises if the close cut a frame short (its bytes are in buf)
+            raise _Drop("connection closed by peer", logging.INFO) from None
+        if conn.closed:
+            raise _Drop("connection closed", logging.DEBUG)
+        self._count_rx(conn, len(buf) - conn.seen)
+        if not self._blocked(conn):
+            conn.last_rx = time.monotonic()
+        try:
+            events = ch.receive_buffered()
+        except ChannelError as exc:
+            for ev in exc.events:
+                self._dispatch(conn, ev)
+            raise
+        conn.seen = len(buf)
+        reader._maybe_resume_transport()
+        for ev in events:
+            self._dispatch(conn, ev)
+
     async def _read(self, conn: _Conn, timeout: float | None, what: str) -> None:
         """Read what the channel needs next and feed it; dispatch resulting events.
 
@@ -932,6 +1022,9 @@ class PeerNet:
         it completes is dispatched; a large frame's progress counts as life); handshake
         messages are read exactly.
         """
+        if conn.shared:
+            await self._read_shared(conn, timeout, what)
+            return
         ch = conn.channel
         n = ch.bytes_needed()
         try:
@@ -1034,6 +1127,7 @@ class PeerNet:
 
     async def _read_loop(self, conn: _Conn) -> None:
         loop = asyncio.get_running_loop()
+        self._share(conn)
         while True:
             if not conn.selected:
                 remaining = conn.select_deadline - loop.time()

@@ -7,8 +7,11 @@ A :class:`Message` is encoded as one msgpack map with exactly these fields::
 ``payload`` travels as the codec's array extension (dtype, shape, raw C-order bytes), so a
 float64 vector of ``d`` entries costs ``8 d`` bytes plus a header of a few dozen bytes. Encoding
 copies the array data exactly once, into the output buffer (plus one conversion copy if the
-array is not C-contiguous or is big-endian); decoding returns a **read-only** array that is a
-view on the bytes msgpack hands to the extension decoder, so no further copy is made. Copy it
+array is not C-contiguous or is big-endian; :func:`encode_parts` gives the pieces without
+joining them). Decoding returns a **read-only** array: an envelope laid out as
+:func:`encode_message` writes it without meta (every ``value`` message) is read in place and
+its payload is a view on the envelope's own bytes, never copied; any other layout goes through
+msgpack, and the payload is a view on the bytes msgpack hands to the extension decoder. Copy it
 (``np.array(msg.payload)``) before modifying it. 0-d arrays are refused (send shape ``(1,)``).
 
 Decoding is strict: anything that is not exactly a version-1 envelope with well-typed fields
@@ -19,6 +22,7 @@ frame limit so that a message that fits the wire also fits a frame.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,6 +43,7 @@ __all__ = [
     "WireError",
     "decode_message",
     "encode_message",
+    "encode_parts",
     "register_kind",
 ]
 
@@ -260,20 +265,44 @@ def encode_message(msg: Message, *, max_size: int = MAX_MESSAGE_SIZE) -> bytes:
         raise WireError(
             f"field 'payload' has {msg.payload.nbytes} bytes, over the message limit {max_size}"
         )
+    data = b"".join(encode_parts(msg))
+    if len(data) > max_size:
+        raise WireError(f"encoded message is {len(data)} bytes, over the limit {max_size}")
+    return data
+
+
+def encode_parts(msg: Message) -> list[bytes | memoryview]:
+    """The envelope of ``msg`` as pieces to be written back to back: the payload's data is
+    the last piece, a view on the array itself (nothing copied; a non-contiguous or
+    big-endian array is converted first). ``b"".join`` of them is :func:`encode_message`."""
     # The envelope is a 6-entry map whose last entry is the payload. The first five entries go
-    # through the codec; the array extension is written here, so the array's bytes are copied
-    # exactly once, straight into the output buffer (the codec would copy them three times).
-    head = codec.pack(
-        {
-            "v": WIRE_VERSION,
-            "kind": msg.kind,
-            "round": msg.round,
-            "step": msg.step,
-            "meta": msg.meta,
-        }
-    )
-    assert head[0] == 0x85  # fixmap with 5 entries
-    parts: list[bytes | memoryview] = [b"\x86", memoryview(head)[1:], _PAYLOAD_KEY]
+    # through the codec (or, with no meta, the cached bytes of the same encoding); the array
+    # extension is written here, so the array's bytes are never copied.
+    if msg.meta:
+        head = codec.pack(
+            {
+                "v": WIRE_VERSION,
+                "kind": msg.kind,
+                "round": msg.round,
+                "step": msg.step,
+                "meta": msg.meta,
+            }
+        )
+        assert head[0] == 0x85  # fixmap with 5 entries
+        parts: list[bytes | memoryview] = [b"\x86", memoryview(head)[1:], _PAYLOAD_KEY]
+    elif msg.payload is not None:
+        arr = np.ascontiguousarray(msg.payload)
+        if arr.dtype.byteorder == ">":
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        head, step_width, prefix = _aligned_layout(
+            msg.kind, msg.round, _uint_width(msg.step), arr.dtype.str, arr.shape, arr.nbytes
+        )
+        parts = [head, _pack_uint(msg.step, step_width), prefix]
+        if arr.nbytes:
+            parts.append(codec.raw_bytes(arr))
+        return parts
+    else:
+        parts = [_head_prefix(msg.kind, msg.round), codec.pack(msg.step), _NO_META_PAYLOAD_KEY]
     if msg.payload is None:
         parts.append(b"\xc0")  # nil
     else:
@@ -282,11 +311,134 @@ def encode_message(msg: Message, *, max_size: int = MAX_MESSAGE_SIZE) -> bytes:
             arr = arr.astype(arr.dtype.newbyteorder("<"))
         parts.append(_array_prefix(arr.dtype.str, arr.shape, arr.nbytes))
         if arr.nbytes:
-            parts.append(memoryview(arr).cast("B"))
-    data = b"".join(parts)
-    if len(data) > max_size:
-        raise WireError(f"encoded message is {len(data)} bytes, over the limit {max_size}")
-    return data
+            parts.append(codec.raw_bytes(arr))
+    return parts
+
+
+#: msgpack unsigned integer encodings by size: positive fixint, uint 8, 16, 32, 64.
+_UINT_WIDTHS = (1, 2, 3, 5, 9)
+_UINT_MARKERS = {2: b"\xcc", 3: b"\xcd", 5: b"\xce", 9: b"\xcf"}
+
+
+def _uint_width(value: int) -> int:
+    """The size of the shortest msgpack encoding of the unsigned ``value``."""
+    if value < 0x80:
+        return 1
+    if value < 0x100:
+        return 2
+    if value < 0x10000:
+        return 3
+    return 5 if value < 0x100000000 else 9
+
+
+def _pack_uint(value: int, width: int) -> bytes:
+    """``value`` as a msgpack unsigned integer of ``width`` bytes (any width its value fits:
+    msgpack readers accept every one)."""
+    if width == 1:
+        return bytes((value,))
+    return _UINT_MARKERS[width] + value.to_bytes(width - 1, "big")
+
+
+_LAYOUTS: dict[tuple, tuple[bytes, int, bytes]] = {}
+
+
+def _aligned_layout(
+    kind: str, round_: int, step_min: int, dtype: str, shape: tuple[int, ...], nbytes: int
+) -> tuple[bytes, int, bytes]:
+    """``(head, step width, prefix)`` of an envelope without meta whose payload's data starts
+    at a multiple of 8 bytes from the envelope's start: the round, the step and the first
+    dimension of the shape are written in longer integer encodings where that aligns the data
+    (still plain msgpack, decoded alike). A receiver whose plaintext starts aligned (a new
+    bytes object) then uses the array where it lies instead of copying it to align it. Kept
+    per kind, round, step size and array layout (at most 256)."""
+    key = (kind, round_, step_min, dtype, shape)
+    got = _LAYOUTS.get(key)
+    if got is not None:
+        return got
+    dims = [_uint_width(d) for d in shape]
+    head_fixed = len(_head_prefix(kind, 0)) - 1  # without the round's own bytes (fixint 0)
+    dtype_bytes = msgpack.packb(dtype)
+    if len(shape) > 15:
+        raise WireError(f"field 'payload' has {len(shape)} dimensions")
+    # The data offset: head, round, step, meta + payload key, ext 32 header (6), the array
+    # header (fixarray, dtype, fixarray, dims).
+    base = head_fixed + len(_NO_META_PAYLOAD_KEY) + 6 + 1 + len(dtype_bytes) + 1 + sum(dims[1:])
+    best = None
+    round_min = _uint_width(round_)
+    first_min = dims[0] if dims else 0
+    # The version (fixint 1) and the round each take every width from 1 byte up: together
+    # they reach every remainder mod 8, so the data is always aligned.
+    for wv in _UINT_WIDTHS:
+        for wr in (w for w in _UINT_WIDTHS if w >= round_min):
+            for ws in (w for w in _UINT_WIDTHS if w >= step_min):
+                for wd in (w for w in _UINT_WIDTHS if w >= first_min) if dims else (0,):
+                    extra = (wv - 1) + (wr - round_min) + (ws - step_min) + (wd - first_min)
+                    if (base + wv - 1 + wr + ws + wd) % 8 == 0 and (
+                        best is None or extra < best[0]
+                    ):
+                        best = (extra, wv, wr, ws, wd)
+    if best is None:  # pragma: no cover - the version and the round always reach it
+        best = (0, 1, round_min, step_min, first_min)
+    _, wv, wr, ws, wd = best
+    # _head_prefix(kind, 0): map, "v", 1, "kind", kind, "round", 0, "step".
+    head = _head_prefix(kind, 0)
+    cut = head.rindex(msgpack.packb("step"))
+    v_at = 1 + len(msgpack.packb("v"))
+    head = (
+        head[:v_at]
+        + _pack_uint(WIRE_VERSION, wv)
+        + head[v_at + 1 : cut - 1]
+        + _pack_uint(round_, wr)
+        + head[cut:]
+    )
+    array_header = (
+        b"\x92"
+        + dtype_bytes
+        + bytes((0x90 | len(shape),))
+        + b"".join(_pack_uint(d, wd if i == 0 else dims[i]) for i, d in enumerate(shape))
+    )
+    body_len = len(array_header) + nbytes
+    if body_len > 0xFFFFFFFF:
+        raise WireError(f"field 'payload' has {nbytes} bytes, too large for one message")
+    prefix = (
+        _NO_META_PAYLOAD_KEY
+        + b"\xc9"
+        + body_len.to_bytes(4, "big")
+        + bytes((codec.ARRAY_EXT,))
+        + array_header
+    )
+    got = (head, ws, prefix)
+    if len(_LAYOUTS) >= 256:
+        _LAYOUTS.clear()
+    _LAYOUTS[key] = got
+    return got
+
+
+_HEADS: dict[tuple[str, int], bytes] = {}
+#: The envelope's empty meta and the payload key, after the step.
+_NO_META_PAYLOAD_KEY = msgpack.packb("meta") + b"\x80" + _PAYLOAD_KEY
+
+
+def _head_prefix(kind: str, round_: int) -> bytes:
+    """The envelope's bytes up to the step's value (``{"v": 1, "kind", "round", "step":``),
+    as :func:`codec.pack` writes them, kept per kind and round (at most 256)."""
+    key = (kind, round_)
+    head = _HEADS.get(key)
+    if head is None:
+        head = (
+            b"\x86"
+            + msgpack.packb("v")
+            + msgpack.packb(WIRE_VERSION)
+            + msgpack.packb("kind")
+            + msgpack.packb(kind)
+            + msgpack.packb("round")
+            + msgpack.packb(round_)
+            + msgpack.packb("step")
+        )
+        if len(_HEADS) >= 256:
+            _HEADS.clear()
+        _HEADS[key] = head
+    return head
 
 
 def decode_message(
@@ -297,6 +449,10 @@ def decode_message(
         raise TypeError(f"expected bytes, got {type(data).__name__}")
     if len(data) > max_size:
         raise WireError(f"message of {len(data)} bytes exceeds the limit {max_size}")
+    if type(data) is bytes:
+        msg = _decode_canonical(data)
+        if msg is not None:
+            return msg
     try:
         obj = codec.unpack(data)
     except codec.CodecError as exc:
@@ -335,4 +491,96 @@ def decode_message(
     setattr_(msg, "step", _check_counter("step", obj["step"]))
     setattr_(msg, "payload", _check_payload(payload))
     setattr_(msg, "meta", _check_meta(meta) if meta else {})
+    return msg
+
+
+_UINTS = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+_MAP_V = b"\x86" + msgpack.packb("v")
+_KEY_KIND = msgpack.packb("kind")
+_KEY_ROUND = msgpack.packb("round")
+_KEY_STEP = msgpack.packb("step")
+
+
+def _uint_at(data: bytes, pos: int) -> tuple[int, int] | None:
+    """A msgpack unsigned integer at ``pos`` (positive fixint or uint 8..64): (value, end)."""
+    c = data[pos]
+    if c < 0x80:
+        return c, pos + 1
+    size = _UINTS.get(c)
+    if size is None:
+        return None
+    end = pos + 1 + size
+    return int.from_bytes(data[pos + 1 : end], "big"), end
+
+
+def _decode_canonical(data: bytes) -> Message | None:
+    """The message of an envelope laid out exactly as :func:`encode_message` writes it with
+    no meta (the fields in order, ``meta`` empty, the payload nil or an ext 32 array), read in
+    place: the payload is a read-only view on ``data``, never copied. None for any other
+    layout, which the general path then parses and judges (the same message, or the error)."""
+    try:
+        if not data.startswith(_MAP_V):
+            return None
+        got = _uint_at(data, len(_MAP_V))
+        if got is None or got[0] != WIRE_VERSION or not data.startswith(_KEY_KIND, got[1]):
+            return None
+        pos = got[1] + len(_KEY_KIND)
+        n = data[pos] - 0xA0
+        if not 0 <= n < 32:
+            return None
+        kind = data[pos + 1 : pos + 1 + n].decode("ascii")
+        if kind not in ALLOWED_KINDS or len(kind) != n:
+            return None
+        pos += 1 + n
+        if not data.startswith(_KEY_ROUND, pos):
+            return None
+        got = _uint_at(data, pos + len(_KEY_ROUND))
+        if got is None:
+            return None
+        round_, pos = got
+        if not data.startswith(_KEY_STEP, pos):
+            return None
+        got = _uint_at(data, pos + len(_KEY_STEP))
+        if got is None:
+            return None
+        step, pos = got
+        if round_ > MAX_STEP or step > MAX_STEP or not data.startswith(_NO_META_PAYLOAD_KEY, pos):
+            return None
+        pos += len(_NO_META_PAYLOAD_KEY)
+        marker = data[pos]
+        if marker == 0xC0:
+            if pos + 1 != len(data):
+                return None
+            payload = None
+        elif marker == 0xC9 and data[pos + 5] == codec.ARRAY_EXT:
+            body = pos + 6
+            if int.from_bytes(data[pos + 1 : pos + 5], "big") != len(data) - body:
+                return None
+            header = codec._canonical_header(data[body : body + codec._HEADER_MAX])
+            if header is None:
+                return None
+            (dtype, shape), offset = header
+            dt = codec._DTYPES.get(dtype)
+            if dt is None or not 1 <= len(shape) <= codec.MAX_ARRAY_DIMS:
+                return None
+            start = body + offset
+            if math.prod(shape) * dt.itemsize != len(data) - start:
+                return None
+            if len(data) > start:
+                payload = np.frombuffer(data, dtype=dt, offset=start)
+            else:
+                payload = np.empty(0, dtype=dt)
+            if len(shape) != 1:
+                payload = payload.reshape(shape)
+        else:
+            return None
+    except (IndexError, UnicodeDecodeError):
+        return None
+    msg = object.__new__(Message)
+    setattr_ = object.__setattr__
+    setattr_(msg, "kind", kind)
+    setattr_(msg, "round", round_)
+    setattr_(msg, "step", step)
+    setattr_(msg, "payload", payload)
+    setattr_(msg, "meta", {})
     return msg

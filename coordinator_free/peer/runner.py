@@ -200,7 +200,8 @@ async def run_peer(
         progress.emit(event="connected", node=node_id)
 
         engine = family.node_engine(cfg, plan, node_id, own)
-        finish = await drive(engine, net, vlog, progress, deadline, injector.outgoing)
+        outgoing = injector.outgoing if injector.nan_steps else None
+        finish = await drive(engine, net, vlog, progress, deadline, outgoing)
         result = PeerResult(
             **finish.result,
             **traffic(net),
@@ -313,30 +314,47 @@ async def drive(engine, net, vlog, progress: Progress, deadline: float, outgoing
     its actions, until it finishes. ``outgoing(send)`` may replace what is sent (a declared
     ``nan`` fault)."""
     failed: deque[PeerDown] = deque()
-    actions = engine.start(time.monotonic())
-    while True:
-        if outgoing is not None:
-            actions = [outgoing(a) if isinstance(a, Send) else a for a in actions]
-        finish = await _perform(actions, net, vlog, progress, deadline, failed)
-        if finish is not None:
-            return finish
-        if failed:
-            actions = engine.handle(failed.popleft(), time.monotonic())
-            continue
-        wake = engine.next_wakeup()
-        timeout = 3600.0 if wake is None else max(0.0, wake - time.monotonic())
-        ev = await net.next_event(timeout)
-        actions = engine.handle(ev, time.monotonic())
+    # The view-log records of the events handled back to back are held and handed to the
+    # operating system together, in one vectored write, before the peer sends (what it saw
+    # first) and before it waits on anything (the network, a timer, a socket that is not taking
+    # a send): a step's records leave in two writes, its recv records and its send records.
+    vlog.hold()
+    try:
+        actions = engine.start(time.monotonic())
+        while True:
+            if outgoing is not None:
+                actions = [outgoing(a) if isinstance(a, Send) else a for a in actions]
+            finish = await _perform(actions, net, vlog, progress, deadline, failed)
+            if finish is not None:
+                return finish
+            if failed:
+                actions = engine.handle(failed.popleft(), time.monotonic())
+                continue
+            ev = net.ready_event()
+            if ev is None:
+                wake = engine.next_wakeup()
+                timeout = 3600.0 if wake is None else max(0.0, wake - time.monotonic())
+                vlog.flush()
+                ev = await net.next_event(timeout)
+                vlog.hold()
+            actions = engine.handle(ev, time.monotonic())
+    finally:
+        vlog.flush()
 
 
 async def _perform(actions, net, vlog, progress, deadline, failed) -> Finish | None:
     """Perform the engine's actions in order. Consecutive sends go out concurrently (each
     bounded by the deadline; two to the same peer keep their order); a failed one is queued
-    as a PeerDown for the engine."""
+    as a PeerDown for the engine. The caller holds the view log's records; they are flushed
+    before the sends and before a wait for a socket."""
     i = 0
     while i < len(actions):
         a = actions[i]
         if isinstance(a, Send):
+            # What the node received reaches the operating system before anything it sends
+            # after it (a large frame goes to the socket at once).
+            vlog.flush()
+            vlog.hold()
             batch, peers = [], set()
             while i < len(actions) and isinstance(actions[i], Send):
                 if actions[i].peer in peers:
@@ -358,7 +376,9 @@ async def _perform(actions, net, vlog, progress, deadline, failed) -> Finish | N
                 if wait is not None:
                     waits.append((len(outcomes) - 1, wait))
             if waits:
+                vlog.flush()  # nothing held while waiting on a socket
                 done = await asyncio.gather(*(w for _, w in waits), return_exceptions=True)
+                vlog.hold()
                 for (k, _), res in zip(waits, done, strict=True):
                     outcomes[k] = res
             for s, res in zip(batch, outcomes, strict=True):
@@ -432,6 +452,32 @@ def listen_socket(spec: str) -> socket.socket:
 INTERRUPTED_EXIT = 130
 
 
+#: glibc ``mallopt`` parameters (malloc.h): M_TRIM_THRESHOLD, M_MMAP_THRESHOLD.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def keep_freed_memory(largest: int = 32 << 20) -> bool:
+    """Let this process (a peer) reuse the memory of the large buffers it frees instead of
+    giving it back to the kernel at once. A step allocates and frees the same few buffers of a
+    value's size over and over (numpy results, cipher output, received frames); past glibc's
+    default threshold (128 KiB, adapting only to blocks strictly larger than the last one
+    freed) each comes from a fresh ``mmap`` whose every page faults on first touch, which cost
+    more than the arithmetic on a 1 MiB value. Blocks up to ``largest`` bytes now come from
+    the heap, which keeps up to twice that much free memory (32 MiB is the largest threshold
+    glibc accepts on 64-bit systems). No-op (False) where the C library is not glibc."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # pragma: no cover - not glibc
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    return bool(mallopt(_M_MMAP_THRESHOLD, largest)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, 2 * largest)
+    )
+
+
 def peer_main(args) -> int:
     """Entry point of ``cfree peer``. Ctrl-C (SIGINT, which reaches every peer of a launcher's
     process group) ends the peer quietly: the node's task is cancelled, its channels and view
@@ -469,8 +515,12 @@ def _peer_main(args) -> int:
             print(f"cfree peer: --listen {args.listen}: {exc}", file=sys.stderr)
             return 2
     progress = Progress(args.progress_fd, args.progress_every)
+    from coordinator_free.peer import budget
+
+    budget.maybe_install(args.id)  # counters of bench_vs_zmq --budget; off unless asked
     ignore_fault_signals()
     one_thread_for_process()  # one process of many: no spinning BLAS threads
+    keep_freed_memory()
     collector = None
     if getattr(args, "ship_to", None) is not None:
         from coordinator_free.cluster import shiplogs

@@ -38,7 +38,15 @@ class GraphRows:
     W: np.ndarray
 
     def neighbours(self, v: int) -> list[int]:
-        return sorted(self.graph.neighbors(v))
+        # Asked for at every message (whom a value may come from): sorted once per node.
+        cache = self.__dict__.get("_neighbours_cache")
+        if cache is None:
+            cache = {}
+            self.__dict__["_neighbours_cache"] = cache  # (frozen dataclasses included)
+        got = cache.get(v)
+        if got is None:
+            got = cache[v] = tuple(sorted(self.graph.neighbors(v)))
+        return list(got)
 
     def row(self, v: int) -> dict[int, float]:
         """Node v's gossip weights (itself included), keyed by node id."""
@@ -209,13 +217,55 @@ def gossip_update(
     fixed so every driver gets bit-identical results.
     """
     acc = terms[0][0] * terms[0][1]
-    for weight, value in terms[1:]:
-        acc = acc + weight * value
-    if gamma_t == 1.0:
-        return acc
-    if previous is None:
+    if not _same_float64(acc, terms, previous):
+        for weight, value in terms[1:]:
+            acc = acc + weight * value
+        if gamma_t == 1.0:
+            return acc
+        if previous is None:
+            raise ValueError("an accelerated step needs the previous value")
+        return gamma_t * acc + (1.0 - gamma_t) * previous
+    if gamma_t != 1.0 and previous is None:
         raise ValueError("an accelerated step needs the previous value")
-    return gamma_t * acc + (1.0 - gamma_t) * previous
+    # The same operations in the same order, element by element (bit for bit the expression
+    # above), into the result and one scratch block instead of two new arrays per term, and a
+    # block at a time, so a large value's pieces stay in the cache between the operations.
+    flat = acc.reshape(-1)
+    n = flat.size
+    block = min(n, _BLOCK)
+    tmp = np.empty(block)
+    vals = [(w, v.reshape(-1)) for w, v in terms[1:]]
+    prev = previous.reshape(-1) if previous is not None else None
+    for start in range(0, n, block):
+        end = min(start + block, n)
+        a = flat[start:end]
+        t = tmp[: end - start]
+        for weight, value in vals:
+            np.multiply(weight, value[start:end], out=t)
+            np.add(a, t, out=a)
+        if prev is not None and gamma_t != 1.0:
+            np.multiply(gamma_t, a, out=a)
+            np.multiply(1.0 - gamma_t, prev[start:end], out=t)
+            np.add(a, t, out=a)
+    return acc
+
+
+#: Entries per block of :func:`gossip_update` (128 KiB of float64 per array).
+_BLOCK = 16384
+
+
+def _same_float64(acc, terms, previous) -> bool:
+    """Whether every array of a step is a float64 array of ``acc``'s shape (the in-place
+    path of :func:`gossip_update`; anything else takes the general expression)."""
+    if type(acc) is not np.ndarray or acc.dtype != np.float64:
+        return False
+    shape = acc.shape
+    for _, value in terms:
+        if type(value) is not np.ndarray or value.dtype != np.float64 or value.shape != shape:
+            return False
+    return previous is None or (
+        type(previous) is np.ndarray and previous.dtype == np.float64 and previous.shape == shape
+    )
 
 
 def step_terms(
