@@ -35,12 +35,17 @@ orthogonalised in floating point. Instead:
 
 * fixed W, fault-free (:func:`plan_factors`, and :func:`exact_factors` on such a schedule): the
   span is the block Krylov space ``K_T(W, [e_v, e_{N(v)}])`` (the Chebyshev polynomial P_t has
-  exact degree t, so accelerated and plain gossip give the same span). It is built by block
-  Lanczos with full re-orthogonalisation (twice); only true rank deficiency (an invariant
-  subspace, seen as roundoff-level singular values) is deflated. Every rank decision is checked:
-  singular values at or below ``DROP_TOL`` are deflated, values above ``KEEP_TOL`` are directions,
-  and a value in between raises :class:`NumericalRankError` (``strict=True``, default) or is kept
-  and counted (``strict=False``: over-estimates rather than hides a direction).
+  exact degree t, so accelerated and plain gossip give the same span). The reference builds it
+  by block Lanczos with full re-orthogonalisation (twice); only true rank deficiency (an
+  invariant subspace, seen as roundoff-level singular values) is deflated. Every rank decision
+  is checked: singular values at or below ``DROP_TOL`` are deflated, values above ``KEEP_TOL``
+  are directions, and a value in between raises :class:`NumericalRankError` (``strict=True``,
+  default) or is kept and counted (``strict=False``: over-estimates rather than hides a
+  direction). :func:`plan_factors` first tries a faster route for batches of observers
+  (:func:`_local_leverages`: Lanczos re-orthogonalised against the last two blocks only, the
+  projector read exactly through the Gram matrix of the basis it built, which also measures
+  how far that basis is from orthonormal); an observer whose basis fails that check or whose
+  rank decisions are not clear-cut by a wide margin goes through the reference.
 * any other realised schedule (time-varying rows, missed or late messages):
   :func:`exact_factors_rational`, exact rational arithmetic: the rows are computed exactly as
   integer vectors over a common denominator and row-reduced exactly, so the rank needs no
@@ -711,9 +716,11 @@ def _lanczos_basis(
 _LOCAL_KEEP = 1e-3
 #: ... and a finished basis only if ``||Q^T Q - I||_F`` is at most this.
 _LOCAL_ORTH = 1e-4
-#: Observers run together through the fast path (same number of neighbours), bounding its
-#: memory to ``_LOCAL_BATCH * n * r`` floats.
+#: Observers run together through the fast path (same number of neighbours), at most
+#: ``_LOCAL_BATCH`` of them and ``_LOCAL_BYTES`` of Lanczos basis per batch (one batch per core
+#: at a time).
 _LOCAL_BATCH = 32
+_LOCAL_BYTES = 2**28
 _LOCAL_PASSES = 1
 _LOCAL_DROP = 0.0
 #: False: every observer through the reference (:func:`_lanczos_basis`, one after the other),
@@ -760,8 +767,11 @@ def _local_leverages(
     blocks = [first]
     widths = np.full((bsz, 1), b0)  # directions kept per block: its leading columns, rest zero
     prev, last = None, first
-    feed = first[:, :, 1:]  # W e_v is in span(first): only W e_N(v) brings new directions
+    # The block W is applied to next, node-major (n, batch, k): the sparse product takes it as
+    # one dense (n, batch * k) matrix. W e_v is in span(first): only W e_N(v) brings new
+    # directions.
     k = b0 - 1
+    feed = np.ascontiguousarray(first[:, :, 1:].transpose(1, 0, 2))
     # Read at call time: the tolerance policy is the module's (a test may widen its band).
     keep = max(_LOCAL_KEEP, 10.0 * KEEP_TOL)
     floor = keep * keep
@@ -769,7 +779,7 @@ def _local_leverages(
         for _ in range(1, steps):
             if k == 0:
                 break
-            z = np.asarray(ws @ feed.transpose(1, 0, 2).reshape(n, bsz * k))
+            z = np.asarray(ws @ feed.reshape(n, bsz * k))
             z = np.ascontiguousarray(z.reshape(n, bsz, k).transpose(1, 0, 2))
             for _ in range(_LOCAL_PASSES):
                 z -= last @ (last.transpose(0, 2, 1) @ z)
@@ -778,8 +788,10 @@ def _local_leverages(
             lam, vec = np.linalg.eigh(z.transpose(0, 2, 1) @ z)
             # Orthonormalised through its Gram matrix: what roundoff leaves is measured and
             # corrected with the rest at the end.
-            q = z @ (vec / np.sqrt(np.maximum(lam, floor))[:, None, :])
+            coef = vec / np.sqrt(np.maximum(lam, floor))[:, None, :]
+            q = z @ coef
             kept = np.full(bsz, k)
+            redone = False
             for i in np.flatnonzero(ok & (lam[:, 0] < floor)):
                 # A small direction: the Gram matrix cannot size it, the SVD can. Roundoff-level
                 # ones (and columns already deflated, exactly zero) are deflated; any other
@@ -791,9 +803,18 @@ def _local_leverages(
                 kept[i] = int(np.count_nonzero(sv >= keep))
                 q[i] = 0.0
                 q[i, :, : kept[i]] = u[:, : kept[i]]
+                redone = True
             blocks.append(q)
             widths = np.hstack([widths, kept[:, None]])
-            prev, last, feed = last, q, q
+            prev, last = last, q
+            if redone:
+                feed = np.ascontiguousarray(q.transpose(1, 0, 2))
+            else:  # the same product written node-major: cheaper than a transpose
+                feed = np.empty((n, bsz, k))
+                np.matmul(z, coef, out=feed.transpose(1, 0, 2))
+            ok &= widths.sum(axis=1) <= n  # more directions than R^n has: repeated ones
+            if not ok.any():
+                break
     except np.linalg.LinAlgError:
         return [None] * bsz
     out: list[np.ndarray | None] = []
@@ -897,8 +918,10 @@ def plan_factors(
     ``symmetry``: when W is invariant under a transitive group of node translations
     (:func:`translations`), compute observer 0's row only and move it to every observer.
 
-    ``method="exact"``: per observer block Lanczos on K_T(W, [e_v, e_N(v)]); accelerated and
-    plain give the same result. ``F[v, v] = 1``.
+    ``method="exact"``: per observer the projector onto K_T(W, [e_v, e_N(v)]); accelerated and
+    plain give the same result. ``F[v, v] = 1``. Observers of equal degree run in batches through
+    :func:`_local_leverages` (else :func:`_lanczos_basis`), on one thread per core; one source
+    saves the last O(n r^2) product per observer, not the basis.
     ``method="paper"``: Eq. (6) with C_t = P_t(W) (accelerated) or W^t, t = 0..T-1, via the
     sparse recursion on dense n x n (memory 3 n^2 floats), or on the columns of the observers'
     neighbours only when they are few. ``F[v, v]`` is the raw sum.
@@ -942,11 +965,12 @@ def plan_factors(
         by_deg: dict[int, list[int]] = {}
         for i, v in enumerate(obs.tolist()):
             by_deg.setdefault(len(_neighbours(w, v)), []).append(i)
-        batches = [
-            idx[k : k + _LOCAL_BATCH]
-            for idx in by_deg.values()
-            for k in range(0, len(idx), _LOCAL_BATCH)
-        ]
+        batches = []
+        for deg, idx in by_deg.items():
+            # at most _LOCAL_BYTES of Lanczos blocks per batch
+            size = (1 + deg * (steps - 1)) * n * 8
+            per = max(1, min(_LOCAL_BATCH, _LOCAL_BYTES // size))
+            batches += [idx[k : k + per] for k in range(0, len(idx), per)]
         done = 0
         results = _map_observers(
             lambda idx: _observers_factors(ws, w, obs[idx].tolist(), n, steps, src, strict),
