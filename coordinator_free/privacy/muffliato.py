@@ -979,8 +979,9 @@ def plan_factors(
         )
         for idx, rows in zip(batches, results, strict=True):
             out[idx] = rows
-            done += len(idx)
-            progress.tick(done, obs.size, "exact loss, observer")
+            for _ in idx:
+                done += 1
+                progress.tick(done, obs.size, "exact loss, observer")
         out[obs[:, None] == src[None, :]] = 1.0
         return out
     if method == "paper":
