@@ -8,6 +8,18 @@ T from the spectral gap (Theorem 2, sigma = 1, spread 0.25). Measures, for both 
 * all pairs, summarised by hop distance (mean / max factor).
 
 Run: ``python bench/bench_plan.py [--dim 11] [--json]``. Prints timings; asserts nothing.
+
+``--graph erdos_renyi|geometric|grid`` times the exact plan of a 2048-node graph without
+translation symmetry instead (Erdos-Renyi p = 0.005, geometric radius 0.05, 32 x 64 grid by
+default; ``--steps`` overrides T), the way ``cfree plan`` builds it, and with ``--reference``
+also the per-observer reference path (one fully re-orthogonalised Lanczos basis per observer,
+the code before the batched fast path) in the same process: the ratio is what to compare
+across runs on a shared machine. Prints the load average at start and end and the peak
+resident memory after the fast path (before the reference runs). ``--sample K`` times K evenly
+spaced observers only and scales the times by n / K (for schedules whose reference takes
+hours); the output says so. ``--lax`` plans with ``strict=False`` (a rank decision in the
+ambiguous band is kept and counted instead of raising ``NumericalRankError``: needed for the
+geometric graph, whose reference raises at some observers).
 """
 
 from __future__ import annotations
@@ -38,11 +50,109 @@ def hop_distances(g, n: int) -> np.ndarray:
     return d
 
 
+#: ``--graph`` kinds and the config they are built from (n = 2048 each).
+GRAPHS = {
+    "erdos_renyi": ["graph.kind=erdos_renyi", "graph.nodes=2048", "graph.p=0.005"],
+    "geometric": ["graph.kind=geometric", "graph.nodes=2048", "graph.radius=0.05"],
+    "grid": ["graph.kind=grid", "graph.rows=32", "graph.cols=64"],
+}
+
+
+def _timed(fn):
+    """(result, wall seconds, CPU seconds of this process: every thread)."""
+    w0, c0 = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - w0, time.process_time() - c0
+
+
+def exact_without_symmetry(args) -> None:
+    """Exact plan of a graph without translation symmetry: fast path, optionally the reference."""
+    import os
+    import resource
+
+    from coordinator_free import config as config_mod
+    from coordinator_free.families import family_of
+    from coordinator_free.privacy import muffliato
+
+    sets = list(GRAPHS[args.graph])
+    if args.steps:
+        sets.append(f"protocol.steps={args.steps}")
+    cfg = config_mod.load(None, sets)
+    plan = family_of(cfg.protocol.name).make_plan(cfg)
+    res: dict = {
+        "graph": args.graph,
+        "config": sets,
+        "n": plan.n,
+        "T": plan.steps,
+        "mean_degree": float((np.count_nonzero(plan.W) - plan.n) / plan.n),
+        "load_start": os.getloadavg(),
+        "cores": len(os.sched_getaffinity(0)),
+        "strict": not args.lax,
+    }
+
+    # --sample K: K evenly spaced observers, times scaled by n / K (an extrapolation, labelled)
+    obs = None if not args.sample else np.linspace(0, plan.n - 1, args.sample).astype(int)
+    scale = 1.0 if obs is None else plan.n / obs.size
+    res["observers"] = "all" if obs is None else f"{obs.size} sampled, times x {scale:.1f}"
+
+    def run(one: bool):
+        return plan_factors(
+            plan.W, plan.steps, plan.accelerated, method="exact", gamma=plan.gamma,
+            sources=[0] if one else None, observers=obs, strict=not args.lax,
+        )  # fmt: skip
+
+    paths = [("fast", True)] + ([("reference", False)] if args.reference else [])
+    fa = {}
+    for name, fast in paths:
+        muffliato._EXACT_FAST = fast
+        try:
+            f1, w1, c1 = _timed(lambda: run(True))
+            fa[name], wa, ca = _timed(lambda: run(False))
+        finally:
+            muffliato._EXACT_FAST = True
+        w1, c1, wa, ca = (x * scale for x in (w1, c1, wa, ca))
+        res[name] = {"one_source_s": w1, "all_pairs_s": wa, "one_source_cpu_s": c1,
+                     "all_pairs_cpu_s": ca,
+                     "one_vs_all_maxdiff": float(np.abs(f1[:, 0] - fa[name][:, 0]).max())}  # fmt: skip
+        if name == "fast":
+            res["peak_gib_fast"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    if args.reference:
+        res["maxdiff_fast_vs_reference"] = float(np.abs(fa["fast"] - fa["reference"]).max())
+        for k in ("one_source_s", "all_pairs_s"):
+            res[f"speedup_{k[:-2]}"] = res["reference"][k] / res["fast"][k]
+    res["load_end"] = os.getloadavg()
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return
+    print(f"{args.graph}: n={plan.n} T={plan.steps} mean degree {res['mean_degree']:.1f}, "
+          f"observers: {res['observers']}")  # fmt: skip
+    print(f"  load average at start {res['load_start'][0]:.2f}, end {res['load_end'][0]:.2f}")
+    for name, _ in paths:
+        r = res[name]
+        print(f"  exact {name:<9} one source {r['one_source_s']:7.2f} s (cpu {r['one_source_cpu_s']:7.2f} s)"
+              f"  all pairs {r['all_pairs_s']:7.2f} s (cpu {r['all_pairs_cpu_s']:7.2f} s)")  # fmt: skip
+    print(f"  peak memory after the fast path {res['peak_gib_fast']:.2f} GiB")
+    if args.reference:
+        print(f"  speedup: one source {res['speedup_one_source']:.1f} x, all pairs "
+              f"{res['speedup_all_pairs']:.1f} x; max |fast - reference| "
+              f"{res['maxdiff_fast_vs_reference']:.2e}")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dim", type=int, default=11)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--graph", choices=sorted(GRAPHS), help="a graph without symmetry (exact only)")
+    ap.add_argument("--steps", type=int, help="with --graph: T instead of the plan's auto T")
+    ap.add_argument(
+        "--reference", action="store_true", help="with --graph: also time the reference"
+    )
+    ap.add_argument("--sample", type=int, help="with --graph: K observers only, times scaled to n")
+    ap.add_argument("--lax", action="store_true", help="with --graph: strict=False (keep, count)")
     args = ap.parse_args()
+    if args.graph:
+        exact_without_symmetry(args)
+        return
 
     g = build_graph("hypercube", dim=args.dim)
     w = gossip_matrix(g, "metropolis")

@@ -107,7 +107,14 @@ def test_learning_examples_beat_their_trivial_model():
         _, loss = reference.final_average(fam.simulate(cfg))
         ref = fam.reference(cfg)
         assert loss < ref["trivial"]["test_loss"], name
-        assert ref["noise_free"]["test_loss"] < ref["trivial"]["test_loss"] / 2, name
+        # The examples run 10 rounds (user-level local DP <= 10): the noise-free model is short
+        # of the optimum but clearly trained: a quarter below the starting model's test loss,
+        # and, for the classifiers, 20 points of accuracy above the majority label.
+        assert ref["noise_free"]["test_loss"] < 0.75 * ref["trivial"]["test_loss"], name
+        if ref["trivial"].get("test_accuracy") is not None:
+            assert (
+                ref["noise_free"]["test_accuracy"] > ref["trivial"]["test_accuracy"] + 0.2
+            ), name
 
 
 def test_model_init_sets_the_starting_point_and_is_validated():

@@ -35,12 +35,17 @@ orthogonalised in floating point. Instead:
 
 * fixed W, fault-free (:func:`plan_factors`, and :func:`exact_factors` on such a schedule): the
   span is the block Krylov space ``K_T(W, [e_v, e_{N(v)}])`` (the Chebyshev polynomial P_t has
-  exact degree t, so accelerated and plain gossip give the same span). It is built by block
-  Lanczos with full re-orthogonalisation (twice); only true rank deficiency (an invariant
-  subspace, seen as roundoff-level singular values) is deflated. Every rank decision is checked:
-  singular values at or below ``DROP_TOL`` are deflated, values above ``KEEP_TOL`` are directions,
-  and a value in between raises :class:`NumericalRankError` (``strict=True``, default) or is kept
-  and counted (``strict=False``: over-estimates rather than hides a direction).
+  exact degree t, so accelerated and plain gossip give the same span). The reference builds it
+  by block Lanczos with full re-orthogonalisation (twice); only true rank deficiency (an
+  invariant subspace, seen as roundoff-level singular values) is deflated. Every rank decision
+  is checked: singular values at or below ``DROP_TOL`` are deflated, values above ``KEEP_TOL``
+  are directions, and a value in between raises :class:`NumericalRankError` (``strict=True``,
+  default) or is kept and counted (``strict=False``: over-estimates rather than hides a
+  direction). :func:`plan_factors` first tries a faster route for batches of observers
+  (:func:`_local_leverages`: Lanczos re-orthogonalised against the last two blocks only, the
+  projector read exactly through the Gram matrix of the basis it built, which also measures
+  how far that basis is from orthonormal); an observer whose basis fails that check or whose
+  rank decisions are not clear-cut by a wide margin goes through the reference.
 * any other realised schedule (time-varying rows, missed or late messages):
   :func:`exact_factors_rational`, exact rational arithmetic: the rows are computed exactly as
   integer vectors over a common denominator and row-reduced exactly, so the rank needs no
@@ -705,6 +710,182 @@ def _lanczos_basis(
     return _lanczos_from(ws, q, n, steps, ranks)
 
 
+#: Fast path of the exact plan (:func:`_local_leverages`): a new Lanczos direction is accepted
+#: there only at or above this size, far above ``KEEP_TOL`` (an observer with a smaller one goes
+#: to the fully re-orthogonalised path, which applies the tolerance policy)...
+_LOCAL_KEEP = 1e-3
+#: ... and a finished basis only if ``||Q^T Q - I||_F`` is at most this.
+_LOCAL_ORTH = 1e-4
+#: Observers run together through the fast path (same number of neighbours), at most
+#: ``_LOCAL_BATCH`` of them and ``_LOCAL_BYTES`` of Lanczos basis per batch (one batch per core
+#: at a time).
+_LOCAL_BATCH = 32
+_LOCAL_BYTES = 2**28
+_LOCAL_PASSES = 1
+#: False: every observer through the reference (:func:`_lanczos_basis`, one after the other),
+#: as before the fast path existed; for benchmarks and tests that compare the two.
+_EXACT_FAST = True
+
+
+def _local_leverages(
+    ws: sp.csr_matrix, starts: list[list[int]], n: int, steps: int, src: np.ndarray
+) -> list[np.ndarray | None]:
+    """For each start ``[v, *N(v)]`` (all of one length): ``[Pi]_{uu}`` for u in ``src``, Pi the
+    orthogonal projector onto K_steps(W, [e_v, e_N(v)]), or None where this fast path cannot
+    vouch for the result (the caller then runs :func:`_lanczos_basis`, the reference).
+
+    Block Lanczos re-orthogonalised against the last two blocks only (twice), which is all that
+    exact arithmetic needs for a symmetric W: O(n b^2) per step instead of O(n r b), run for a
+    batch of observers at once (one sparse product and stacked small products per step). The
+    first block is ``[e_v, e_N(v)]`` and the second comes from ``W e_N(v)`` alone: ``W e_v`` lies
+    in the first block exactly (the direction the reference deflates at roundoff level).
+
+    In floating point the blocks drift away from orthogonality, but each new block still
+    satisfies the block three-term relation to working precision, so the computed Q spans the
+    Krylov space (Paige); the projector is then read from that span exactly, through the Gram
+    matrix ``G = Q^T Q = U^T U`` (Cholesky): ``[Pi]_{uu} = ||U^{-T} Q[u]||^2``.
+
+    When it is sound. ``||G - I||_F <= _LOCAL_ORTH`` keeps G well conditioned (the leverages are
+    then as accurate as from an orthonormal basis) and rules out repeated directions (long
+    schedules, where Lanczos vectors lose orthogonality entirely: those observers return None).
+    Rank decisions: a new block's singular values here (``s_loc``) are those of the block before
+    the projection on the older blocks that full re-orthogonalisation also does; that projection
+    changes them by at most the measured loss of orthogonality (``s_full >= s_loc - ||G - I||``),
+    so a block whose values are all at least ``_LOCAL_KEEP`` here is, there, a block of
+    directions well above ``KEEP_TOL``: the reference keeps them too. Any smaller value (a
+    deflation, or the ambiguous band) returns None for that observer.
+    """
+    from scipy.linalg import blas, cholesky, solve_triangular
+
+    bsz = len(starts)
+    b0 = len(starts[0])
+    first = np.zeros((bsz, n, b0))
+    for i, s in enumerate(starts):
+        first[i, s, range(b0)] = 1.0
+    ok = np.ones(bsz, dtype=bool)
+    blocks = [first]
+    widths = np.full((bsz, 1), b0)  # directions kept per block: its leading columns, rest zero
+    prev, last = None, first
+    # The block W is applied to next, node-major (n, batch, k): the sparse product takes it as
+    # one dense (n, batch * k) matrix. W e_v is in span(first): only W e_N(v) brings new
+    # directions.
+    k = b0 - 1
+    feed = np.ascontiguousarray(first[:, :, 1:].transpose(1, 0, 2))
+    # Read at call time: the tolerance policy is the module's (a test may widen its band).
+    keep = max(_LOCAL_KEEP, 10.0 * KEEP_TOL)
+    floor = keep * keep
+    try:
+        for _ in range(1, steps):
+            if k == 0:
+                break
+            z = np.asarray(ws @ feed.reshape(n, bsz * k))
+            z = np.ascontiguousarray(z.reshape(n, bsz, k).transpose(1, 0, 2))
+            for _ in range(_LOCAL_PASSES):
+                z -= last @ (last.transpose(0, 2, 1) @ z)
+                if prev is not None:
+                    z -= prev @ (prev.transpose(0, 2, 1) @ z)
+            lam, vec = np.linalg.eigh(z.transpose(0, 2, 1) @ z)
+            # Orthonormalised through its Gram matrix: what roundoff leaves is measured and
+            # corrected with the rest at the end.
+            coef = vec / np.sqrt(np.maximum(lam, floor))[:, None, :]
+            q = z @ coef
+            kept = np.full(bsz, k)
+            redone = False
+            for i in np.flatnonzero(ok & (lam[:, 0] < floor)):
+                # A small direction: the Gram matrix cannot size it, the SVD can. Any direction
+                # below the floor, a deflation included, is left to the reference. (Even an
+                # exactly zero one, from a neighbour whose neighbourhood lies in [v, N(v)]: with
+                # such deflations a geometric graph's observer came out 9e-8 below the
+                # reference with every check passed.)
+                u, sv, _ = np.linalg.svd(z[i], full_matrices=False)
+                if np.any(sv < keep):
+                    ok[i] = False
+                    continue
+                kept[i] = int(np.count_nonzero(sv >= keep))
+                q[i] = 0.0
+                q[i, :, : kept[i]] = u[:, : kept[i]]
+                redone = True
+            blocks.append(q)
+            widths = np.hstack([widths, kept[:, None]])
+            prev, last = last, q
+            if redone:
+                feed = np.ascontiguousarray(q.transpose(1, 0, 2))
+            else:  # the same product written node-major: cheaper than a transpose
+                feed = np.empty((n, bsz, k))
+                np.matmul(z, coef, out=feed.transpose(1, 0, 2))
+            ok &= widths.sum(axis=1) <= n  # more directions than R^n has: repeated ones
+            if not ok.any():
+                break
+    except np.linalg.LinAlgError:
+        return [None] * bsz
+    out: list[np.ndarray | None] = []
+    for i in range(bsz):
+        r = int(widths[i].sum())
+        if not ok[i] or r > n:
+            out.append(None)
+            continue
+        basis = np.concatenate(
+            [blk[i, :, :wd] for blk, wd in zip(blocks, widths[i], strict=True)], axis=1
+        )
+        # G = Q^T Q (upper triangle), one symmetric rank-k update; Q^T is Fortran-ordered.
+        g = blas.dsyrk(1.0, basis.T, trans=0, lower=0)
+        dev = np.triu(g)
+        dev -= np.eye(r)
+        # ||G - I||_F from the upper triangle (off-diagonal entries twice).
+        off = np.linalg.norm(np.triu(dev, 1))
+        if not math.sqrt(2.0 * off * off + float(np.sum(np.diag(dev) ** 2))) <= _LOCAL_ORTH:
+            out.append(None)
+            continue
+        upper = cholesky(g, lower=False, check_finite=False)
+        x = solve_triangular(upper, basis[src].T, trans="T", lower=False, check_finite=False)
+        out.append(np.einsum("ij,ij->j", x, x))
+    return out
+
+
+def _observers_factors(
+    ws: sp.csr_matrix, w, group: list[int], n: int, steps: int, src: np.ndarray, strict: bool
+) -> list[np.ndarray]:
+    """Exact fault-free factors of the sources ``src`` towards each observer of ``group`` (all
+    with the same number of neighbours): the fast path, else the reference for that observer."""
+    starts = [[v, *_neighbours(w, v)] for v in group]
+    rows = _local_leverages(ws, starts, n, steps, src)
+    for i, (v, start) in enumerate(zip(group, starts, strict=True)):
+        if rows[i] is None:
+            q = _lanczos_basis(ws, start, n, steps, _Ranks(strict, f"observer {v}"))
+            qs = q[src]
+            rows[i] = np.einsum("ij,ij->i", qs, qs)
+        rows[i] = np.clip(rows[i], 0.0, 1.0)
+    return rows
+
+
+#: Below this many nodes the per-observer loops run in the calling thread (threads cost more
+#: than they save on small graphs).
+_THREADS_MIN_N = 256
+
+
+def _map_observers(fn, items: list, n: int):
+    """``fn(item)`` for every item (a batch of observers), in order; on a graph of at least
+    ``_THREADS_MIN_N`` nodes spread over one thread per available core. The work is numpy and
+    LAPACK calls that release the GIL; BLAS is held to one thread meanwhile so the threads do
+    not oversubscribe the cores. Each observer's row is computed on its own, the same way in any
+    thread."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from coordinator_free.blas import one_thread
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    workers = min(cores, len(items))
+    if n < _THREADS_MIN_N or workers < 2:
+        yield from map(fn, items)
+        return
+    with one_thread(), ThreadPoolExecutor(max_workers=workers) as pool:
+        yield from pool.map(fn, items)
+
+
 def _chebyshev_columns(ws, cols: np.ndarray, steps: int, gamma: float):
     """Yields C_t[:, cols] for t = 0..steps-1 (C_t = P_t(W), symmetric)."""
     prev = None
@@ -738,8 +919,10 @@ def plan_factors(
     ``symmetry``: when W is invariant under a transitive group of node translations
     (:func:`translations`), compute observer 0's row only and move it to every observer.
 
-    ``method="exact"``: per observer block Lanczos on K_T(W, [e_v, e_N(v)]); accelerated and
-    plain give the same result. ``F[v, v] = 1``.
+    ``method="exact"``: per observer the projector onto K_T(W, [e_v, e_N(v)]); accelerated and
+    plain give the same result. ``F[v, v] = 1``. Observers of equal degree run in batches through
+    :func:`_local_leverages` (else :func:`_lanczos_basis`), on one thread per core; one source
+    saves the last O(n r^2) product per observer, not the basis.
     ``method="paper"``: Eq. (6) with C_t = P_t(W) (accelerated) or W^t, t = 0..T-1, via the
     sparse recursion on dense n x n (memory 3 n^2 floats), or on the columns of the observers'
     neighbours only when they are few. ``F[v, v]`` is the raw sum.
@@ -770,12 +953,36 @@ def plan_factors(
         return out
     if method == "exact":
         out = np.empty((obs.size, src.size))
+        if not _EXACT_FAST:
+            for i, v in enumerate(obs.tolist()):
+                ranks = _Ranks(strict, f"observer {v}")
+                q = _lanczos_basis(ws, [v, *_neighbours(w, v)], n, steps, ranks)
+                qs = q[src]
+                out[i] = np.clip(np.einsum("ij,ij->i", qs, qs), 0.0, 1.0)
+                progress.tick(i + 1, obs.size, "exact loss, observer")
+            out[obs[:, None] == src[None, :]] = 1.0
+            return out
+        # Observers with the same number of neighbours share a batch of the fast path.
+        by_deg: dict[int, list[int]] = {}
         for i, v in enumerate(obs.tolist()):
-            ranks = _Ranks(strict, f"observer {v}")
-            q = _lanczos_basis(ws, [v, *_neighbours(w, v)], n, steps, ranks)
-            qs = q[src]
-            out[i] = np.clip(np.einsum("ij,ij->i", qs, qs), 0.0, 1.0)
-            progress.tick(i + 1, obs.size, "exact loss, observer")
+            by_deg.setdefault(len(_neighbours(w, v)), []).append(i)
+        batches = []
+        for deg, idx in by_deg.items():
+            # at most _LOCAL_BYTES of Lanczos blocks per batch
+            size = (1 + deg * (steps - 1)) * n * 8
+            per = max(1, min(_LOCAL_BATCH, _LOCAL_BYTES // size))
+            batches += [idx[k : k + per] for k in range(0, len(idx), per)]
+        done = 0
+        results = _map_observers(
+            lambda idx: _observers_factors(ws, w, obs[idx].tolist(), n, steps, src, strict),
+            batches,
+            n,
+        )
+        for idx, rows in zip(batches, results, strict=True):
+            out[idx] = rows
+            for _ in idx:
+                done += 1
+                progress.tick(done, obs.size, "exact loss, observer")
         out[obs[:, None] == src[None, :]] = 1.0
         return out
     if method == "paper":
