@@ -112,9 +112,7 @@ def test_learning_examples_beat_their_trivial_model():
         # and, for the classifiers, 20 points of accuracy above the majority label.
         assert ref["noise_free"]["test_loss"] < 0.75 * ref["trivial"]["test_loss"], name
         if ref["trivial"].get("test_accuracy") is not None:
-            assert (
-                ref["noise_free"]["test_accuracy"] > ref["trivial"]["test_accuracy"] + 0.2
-            ), name
+            assert ref["noise_free"]["test_accuracy"] > ref["trivial"]["test_accuracy"] + 0.2, name
 
 
 def test_model_init_sets_the_starting_point_and_is_validated():
