@@ -39,6 +39,7 @@ NO_PAIRS = {
 
 # The quick suite's smaller sizes (the slow suite runs the files as they are).
 QUICK = {
+    "decor-ring": ["protocol.rounds=300"],
     "muffliato-gd-breast-cancer": ["graph.dim=4"],
     "muffliato-hypercube": ["graph.dim=5"],
     "ring-histogram": ["graph.nodes=16"],
