@@ -81,7 +81,13 @@ def test_the_record_unit_divides_the_sensitivity_by_the_smallest_shard():
     assert "record level" in r_rec["accounting"] and "m_min = 250" in r_rec["accounting"]
     assert "user level" in r_usr["accounting"]
     assert r_rec["worst_pair"]["eps"] < r_usr["worst_pair"]["eps"]
-    # calibration to the same target needs m_min times less noise (up to the tolerance term)
+
+
+@pytest.mark.slow  # two calibrations of the numerical Theorem 8.12 (about 50 s)
+def test_the_record_unit_calibrates_to_m_min_times_less_noise():
+    """Calibration to the same target needs m_min times less noise (up to the tolerance term)."""
+    rec = ap.make_plan(config.load(LASSO))
+    usr = ap.make_plan(config.load(LASSO, ["privacy.unit=user"]))
     fam = family_of("admm")
     s_rec = fam.calibrate(config.load(LASSO), 5.0, method="exact", budget="worst")["sigma"]
     s_usr = fam.calibrate(
