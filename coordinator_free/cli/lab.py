@@ -18,7 +18,7 @@ LAB_EPILOG = """\
 examples (as root):
   cfree lab up --nodes 8                 # hosts cfree-h0..cfree-h7 at 10.213.0.1..8, switch cfree-sw
   cfree lab status
-  cfree lab run examples/muffliato-ring.toml --cut 3@2   # exit 1: node 3's cable pulled after step 2
+  cfree lab run examples/muffliato-ring.toml --cut 3@2 --set protocol.steps=20 --set network.deadline_s=1  # exit 1: node 3's cable pulled after step 2
   ip netns exec cfree-h0 ss -tn          # any command runs on a host
   cfree lab cut 3 && cfree lab heal 3
   cfree lab down
