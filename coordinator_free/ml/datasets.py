@@ -240,6 +240,38 @@ def load_dataset(
 # sources
 
 
+def load_sharded(d, seed: int, nodes: int) -> tuple[Dataset, list[np.ndarray]]:
+    """The dataset a config's data section ``d`` describes, and its training rows split over
+    ``nodes`` shards by ``d.partition`` (the learning and ADMM families' data)."""
+    from coordinator_free.ml.partition import partition
+
+    ds = load_dataset(
+        d.kind,
+        seed=seed,
+        path=d.path,
+        samples=d.samples,
+        features=d.features,
+        label_noise=d.label_noise,
+        test_fraction=d.test_fraction,
+        standardize=d.standardize,
+        normalize=d.normalize,
+        intercept=d.intercept,
+        label_column=d.label_column,
+        task=d.task,
+        nodes=nodes,
+    )
+    shards = partition(
+        ds.y_train,
+        nodes,
+        d.partition,
+        seed=seed,
+        beta=d.beta,
+        per_node=d.per_node,
+        n_classes=ds.n_classes,
+    )
+    return ds, shards
+
+
 def _synthetic(
     kind: str, seed: int, samples: int, features: int, label_noise: float
 ) -> tuple[np.ndarray, np.ndarray, int]:

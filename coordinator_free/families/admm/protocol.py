@@ -39,7 +39,6 @@ from coordinator_free.errors import ConfigError
 from coordinator_free.families.averaging import protocol as mf
 from coordinator_free.families.walk import protocol as wk
 from coordinator_free.ml import datasets
-from coordinator_free.ml.partition import partition as split_shards
 
 if TYPE_CHECKING:
     from coordinator_free.config import Config, DataSection, ModelSection
@@ -101,30 +100,7 @@ class AdmmTask:
 
 @functools.lru_cache(maxsize=8)
 def _task(d: DataSection, seed: int, n: int) -> AdmmTask:
-    ds = datasets.load_dataset(
-        d.kind,
-        seed=seed,
-        path=d.path,
-        samples=d.samples,
-        features=d.features,
-        label_noise=d.label_noise,
-        test_fraction=d.test_fraction,
-        standardize=d.standardize,
-        normalize=d.normalize,
-        intercept=d.intercept,
-        label_column=d.label_column,
-        task=d.task,
-        nodes=n,
-    )
-    shards = split_shards(
-        ds.y_train,
-        n,
-        d.partition,
-        seed=seed,
-        beta=d.beta,
-        per_node=d.per_node,
-        n_classes=ds.n_classes,
-    )
+    ds, shards = datasets.load_sharded(d, seed, n)
     return AdmmTask(dataset=ds, shards=tuple(shards))
 
 

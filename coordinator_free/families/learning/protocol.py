@@ -42,7 +42,6 @@ from coordinator_free import graphs, rundir, seeds
 from coordinator_free.errors import ConfigError
 from coordinator_free.families.averaging import protocol as mf
 from coordinator_free.ml import datasets, models
-from coordinator_free.ml.partition import partition as split_shards
 
 if TYPE_CHECKING:
     from coordinator_free.config import Config, DataSection, ModelSection
@@ -224,30 +223,7 @@ def auto_gossip_steps(lam: float, n: int, accelerated: bool) -> int:
 
 @functools.lru_cache(maxsize=8)
 def _task(d: DataSection, m: ModelSection, seed: int, n: int) -> LearningTask:
-    ds = datasets.load_dataset(
-        d.kind,
-        seed=seed,
-        path=d.path,
-        samples=d.samples,
-        features=d.features,
-        label_noise=d.label_noise,
-        test_fraction=d.test_fraction,
-        standardize=d.standardize,
-        normalize=d.normalize,
-        intercept=d.intercept,
-        label_column=d.label_column,
-        task=d.task,
-        nodes=n,
-    )
-    shards = split_shards(
-        ds.y_train,
-        n,
-        d.partition,
-        seed=seed,
-        beta=d.beta,
-        per_node=d.per_node,
-        n_classes=ds.n_classes,
-    )
+    ds, shards = datasets.load_sharded(d, seed, n)
     kind = m.kind
     if kind == "auto":
         kind = (
