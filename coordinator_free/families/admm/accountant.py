@@ -211,7 +211,7 @@ def plan_report(cfg: Config, plan: ap.AdmmPlan, *, source: int | None, method: s
         "accelerated": False,
         "spectral_gap": plan.spectral_gap,
         "sigma": plan.sigma,
-        "sensitivity": 4.0 * plan.gamma * plan.lipschitz,
+        "sensitivity": units_of(plan).sensitivity,
         "unit": plan.unit,
         "min_shard": plan.min_shard,
         "gamma": plan.gamma,
@@ -406,7 +406,7 @@ def calibrate(cfg: Config, target_eps: float, *, method: str, budget: str) -> di
         e = theorem_entry(p, method, ldp)
         return e, ldp
 
-    sens = 4.0 * plan.gamma * plan.lipschitz
+    sens = units_of(plan).sensitivity
     hi = smallest_sigma(lambda s: at(s)[0]["eps"], target_eps, sens)
     e, ldp = at(hi)
     return {
