@@ -10,8 +10,9 @@ runs as real peer processes and shows what it is for, read from what the run pri
 * the result is within its yardstick: ``yardstick.far`` is false (ratio at most the yardstick's
   own threshold).
 
-The quick suite runs each example shrunk where a full run takes long (``QUICK``); the slow suite
-runs every example at its own size.
+Both run in the slow suite (the quick default's 6-minute budget has no room for 17 real-process
+runs): every example shrunk where a full run takes long (``QUICK``), and every example at its own
+size.
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ def test_examples_are_enumerated():
     assert set(NO_PAIRS) <= names and set(QUICK) <= names
 
 
+@pytest.mark.slow  # 17 real-process runs, about 50 s: over the quick suite's 6-minute budget
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_example_shows_what_it_is_for(path, tmp_path):
     check_example(path, QUICK.get(path.stem, []), tmp_path)
