@@ -19,9 +19,11 @@ def run_config(
     seed: int = 0,
     max_time: float = 1e7,
     engine_of: Callable[[Any, Any, int, Any], Engine] | None = None,
+    net_seed: int | None = None,
 ) -> MemRun:
     """Run ``cfg``'s protocol on the in-memory network: the family's node engines, one per
-    node, with ``faults``."""
+    node, with ``faults``. ``seed`` seeds the nodes' streams and, unless ``net_seed`` is
+    given, the network's draws (delays, losses); ``net_seed`` varies the timing alone."""
     family = family_of(cfg.protocol.name)
     plan = family.make_plan(cfg)
     streams = node_streams(seed, plan.n, cfg)
@@ -33,7 +35,7 @@ def run_config(
         engines,
         {v: plan.neighbours(v) for v in range(plan.n)},
         faults,
-        seed=seed,
+        seed=seed if net_seed is None else net_seed,
         max_time=max_time,
     )
     run = net.run()

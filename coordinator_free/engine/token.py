@@ -142,6 +142,9 @@ class WalkOutcome:
 
 #: The longest a node waits for its neighbours' goodbyes (saying its own every deadline).
 GOODBYE_DEADLINES = 6
+#: Hand-off messages whose sender waits for an answer (and repeats them until it comes): after
+#: the walk has ended, the answer is how it ended.
+AWAIT_ANSWER = frozenset({"token", "token_ack", "token_commit", "token_query"})
 
 
 def run_bound(plan, deadline: float) -> float:
@@ -477,8 +480,7 @@ class TokenEngine:
         if token in self.ended:
             if m.kind == "token":
                 self.out.log("token-after-end", token=token, step=step, peer=peer)
-            if m.kind != "token_fwd":
-                self._send(peer, self._end_msg(token))  # tell the stale sender
+            self._answer_after_end(peer, m)
             return
         attempt = _attempt(m)
         if m.kind in ("token", "token_commit", "token_ack"):
@@ -566,6 +568,16 @@ class TokenEngine:
                 del self.custody[token]
         else:
             self.out.log("bad-message", peer=peer, kind=m.kind, token=token, at=step)
+
+    def _answer_after_end(self, peer: int, m: Message) -> None:
+        """A hand-off message of a walk that has ended here: tell the sender how it ended if it
+        waits for an answer (AWAIT_ANSWER). The others (``token_taken``, ``token_fwd``,
+        ``token_nack``, ``token_abort``) are answers or releases themselves: their sender waits
+        for nothing and learns the end from the broadcast ``walk_end`` and the ``done``
+        messages; answering them would add messages whose presence depends only on whether
+        the end or the hand-off message arrived first, in a fault-free run too."""
+        if m.kind in AWAIT_ANSWER:
+            self._send(peer, self._end_msg(m.round))
 
     def _ends_from_goodbye(self, peer: int, m: Message) -> None:
         ended = m.meta.get("ended") if isinstance(m.meta, dict) else None
@@ -662,11 +674,11 @@ class TokenEngine:
                 if self._token_value(event.peer, m, refuse=False) is not None:
                     self.out.log("token-after-end", token=m.round, step=m.step, peer=event.peer)
                 if m.round in self.ended:
-                    self.out.send(event.peer, self._end_msg(m.round))
+                    self._answer_after_end(event.peer, m)
             elif m.kind == "token":
                 self.out.log("bad-message", peer=event.peer, kind="token", token=m.round)
             elif m.kind.startswith("token_") and m.round in self.ended:
-                self.out.send(event.peer, self._end_msg(m.round))  # a stale hand-off: tell it
+                self._answer_after_end(event.peer, m)  # a stale hand-off: tell it
         gone = {w for w in pending if self._gone(w)}
         self._bye_unanswered |= gone
         pending -= gone
