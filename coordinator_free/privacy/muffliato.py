@@ -794,22 +794,27 @@ def _local_leverage(
         z = ws @ last
         both = q[:, lo:hi]
         z -= both @ (both.T @ z)
-        lam, vec = np.linalg.eigh(z.T @ z)
+        # Orthonormalised through its Gram matrix z^T z = R^T R (Cholesky), q = z R^{-1}: what
+        # roundoff leaves is measured (G) and corrected with the rest at the end. Its smallest
+        # eigenvalue is at least 1 / ||R^{-1}||_F^2, so a block that passes that bound has every
+        # singular value at or above the floor.
         new = q[:, hi : hi + k]
-        if lam[0] < floor:
+        zt = z.T  # Fortran-ordered: BLAS reads it in place
+        upper, info = lapack.dpotrf(blas.dgemm(1.0, zt, zt, trans_b=1), lower=0, clean=1)
+        if not info:
+            inv, info = lapack.dtrtri(upper, lower=0, overwrite_c=1)
+        if info or not float(np.sum(inv * inv)) * floor <= 1.0:
             # A small direction: the Gram matrix cannot size it, the SVD can. Any direction
             # below the floor, a deflation included, is left to the reference. (Even an exactly
             # zero one, from a neighbour whose neighbourhood lies in [v, N(v)]: with such
             # deflations a geometric graph's observer came out 9e-8 below the reference with
             # every other check passed.)
             u, sv, _ = np.linalg.svd(z, full_matrices=False)
-            if sv[-1] < keep:
+            if not sv[-1] >= keep:
                 return None
             new[...] = u
         else:
-            # Orthonormalised through its Gram matrix: what roundoff leaves is measured (G) and
-            # corrected with the rest at the end.
-            np.matmul(z, vec / np.sqrt(lam), out=new)
+            np.matmul(z, np.ascontiguousarray(inv), out=new)
         last = np.ascontiguousarray(new)
         lo, hi = (hi - k if j > 1 else 0), hi + k
     # G = Q^T Q (upper triangle; the lower one stays zero), one symmetric rank-r update of Q
