@@ -74,7 +74,9 @@ def test_fast_path_agrees_with_the_reference(kind, kw, steps, taken):
         if r is not None:
             r = np.clip(r, 0.0, 1.0)
             r[v] = 1.0
-            np.testing.assert_allclose(r, ref[v], rtol=0, atol=1e-9)
+            # the same projector read two ways: equal to a few units of roundoff (measured:
+            # at most 3e-14 relative on these graphs)
+            np.testing.assert_allclose(r, ref[v], rtol=1e-12, atol=1e-14)
     # one source and a subset of observers: the same numbers
     obs = list(range(0, n, 7))
     one = mf.plan_factors(w, steps, accelerated, method="exact", observers=obs, sources=[3])
