@@ -755,30 +755,41 @@ def _local_leverages(
     Cost. Each observer runs on its own, in one contiguous n x r array (r = 1 + k T): its blocks
     are column slices that the small products read in place, the sparse product reads the last
     block, and the Gram matrix is one symmetric rank-r update of that array (no copy). The
-    leverages of a few sources are triangular solves of their rows; of many, ``Q U^{-1}`` by one
-    triangular product in place, whose squared rows are the leverages.
+    leverages of a few sources are triangular solves of their rows; of many, the squared rows of
+    ``Q U^{-1}``, computed block column by block column (U^{-1} is triangular). The large
+    products go through numpy, which releases the interpreter lock while BLAS runs (scipy's BLAS
+    wrappers do not): the observers of the other threads go on meanwhile.
     """
-    out: list[np.ndarray | None] = []
-    buf = np.empty(0)
+    rows: list[np.ndarray | None] = []
+    buf = out = np.empty(0)
     for start in starts:
         r = len(start) + (len(start) - 1) * (steps - 1)
         if r > n:  # more directions than R^n has: repeated ones
-            out.append(None)
+            rows.append(None)
             continue
         if buf.size < n * r:
             buf = np.empty(n * r)
+            out = np.empty(n * r) if src.size * 4 > n else out
         try:
-            out.append(_local_leverage(ws, start, n, steps, src, buf[: n * r].reshape(n, r)))
+            q = buf[: n * r].reshape(n, r)
+            rows.append(_local_leverage(ws, start, n, steps, src, q, out))
         except np.linalg.LinAlgError:
-            out.append(None)
-    return out
+            rows.append(None)
+    return rows
 
 
 def _local_leverage(
-    ws: sp.csr_matrix, start: list[int], n: int, steps: int, src: np.ndarray, q: np.ndarray
+    ws: sp.csr_matrix,
+    start: list[int],
+    n: int,
+    steps: int,
+    src: np.ndarray,
+    q: np.ndarray,
+    out: np.ndarray,
 ) -> np.ndarray | None:
-    """One observer of :func:`_local_leverages`; ``q``: a C-contiguous n x r work array."""
-    from scipy.linalg import blas, lapack
+    """One observer of :func:`_local_leverages`; ``q``: a C-contiguous n x r work array, ``out``
+    one of at least n r entries."""
+    from scipy.linalg import lapack, solve_triangular
 
     b0 = len(start)
     k = b0 - 1
@@ -799,8 +810,7 @@ def _local_leverage(
         # eigenvalue is at least 1 / ||R^{-1}||_F^2, so a block that passes that bound has every
         # singular value at or above the floor.
         new = q[:, hi : hi + k]
-        zt = z.T  # Fortran-ordered: BLAS reads it in place
-        upper, info = lapack.dpotrf(blas.dgemm(1.0, zt, zt, trans_b=1), lower=0, clean=1)
+        upper, info = lapack.dpotrf(z.T @ z, lower=0, clean=1)
         if not info:
             inv, info = lapack.dtrtri(upper, lower=0, overwrite_c=1)
         if info or not float(np.sum(inv * inv)) * floor <= 1.0:
@@ -817,30 +827,34 @@ def _local_leverage(
             np.matmul(z, np.ascontiguousarray(inv), out=new)
         last = np.ascontiguousarray(new)
         lo, hi = (hi - k if j > 1 else 0), hi + k
-    # G = Q^T Q (upper triangle; the lower one stays zero), one symmetric rank-r update of Q
-    # read as the Fortran-ordered Q^T.
-    g = blas.dsyrk(1.0, q.T, trans=0, lower=0)
-    diag = np.diagonal(g)
-    flat = g.ravel(order="K")
-    total, on_diag = float(flat @ flat), float(diag @ diag)
-    # ||G - I||_F^2 from the upper triangle: off-diagonal entries count twice.
-    dev = 2.0 * (total - on_diag) + float(np.sum((diag - 1.0) ** 2))
-    if not math.sqrt(max(dev, 0.0)) <= _LOCAL_ORTH:
+    # G = Q^T Q, one symmetric rank-r update. numpy's product runs without the interpreter lock
+    # (the other threads' observers go on meanwhile); scipy's BLAS wrappers hold it.
+    r = q.shape[1]
+    g = q.T @ q
+    g.flat[:: r + 1] -= 1.0
+    dev = float(np.linalg.norm(g))  # ||G - I||_F
+    if not dev <= _LOCAL_ORTH:
         return None
-    upper, info = lapack.dpotrf(g, lower=0, overwrite_a=1, clean=1)
+    g.flat[:: r + 1] += 1.0  # exact: each |G_ii - 1| <= dev, far below 1/2
+    # G = U^T U (LAPACK reads the symmetric G as its Fortran-ordered transpose, in place);
+    # [Pi]_uu = ||U^{-T} Q[u]||^2.
+    upper, info = lapack.dpotrf(g.T, lower=0, overwrite_a=1, clean=1)
     if info:
         return None
     if src.size * 4 <= n:
-        x, info = lapack.dtrtrs(upper, q[src].T, lower=0, trans=1)
-        if info:
-            return None
+        x = solve_triangular(upper, q[src].T, trans="T", check_finite=False)
         return np.einsum("ij,ij->j", x, x)
-    # Many sources: Q U^{-1} in place (U^{-1} is as well conditioned as U, G being near I).
+    # Many sources: the rows of Q U^{-1} (U^{-1} is as well conditioned as U, G being near I),
+    # as products of column blocks of Q with the nonzero blocks of the triangular U^{-1}.
     inv, info = lapack.dtrtri(upper, lower=0, overwrite_c=1)
     if info:
         return None
-    x = blas.dtrmm(1.0, inv, q.T, side=0, lower=0, trans_a=1, overwrite_b=1)
-    lev = np.einsum("ij,ij->j", x, x)
+    inv = np.ascontiguousarray(inv)
+    y = out[: n * r].reshape(n, r)
+    edges = [r * i // 4 for i in range(5)]
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        np.matmul(q[:, :hi], inv[:hi, lo:hi], out=y[:, lo:hi])
+    lev = np.einsum("ij,ij->i", y, y)
     return lev if src.size == n and np.array_equal(src, np.arange(n)) else lev[src]
 
 
@@ -867,10 +881,11 @@ _THREADS_MIN_N = 256
 
 def _map_observers(fn, items: list, n: int):
     """``fn(item)`` for every item (a batch of observers), in order; on a graph of at least
-    ``_THREADS_MIN_N`` nodes spread over one thread per available core. The work is numpy and
-    LAPACK calls that release the GIL; BLAS is held to one thread meanwhile so the threads do
-    not oversubscribe the cores. Each observer's row is computed on its own, the same way in any
-    thread."""
+    ``_THREADS_MIN_N`` nodes spread over one thread per available core. The large products are
+    numpy's, which release the GIL while BLAS runs (scipy's BLAS and LAPACK wrappers hold it, so
+    the fast path gives them nothing larger than r x r); BLAS is held to one thread meanwhile so the
+    threads do not oversubscribe the cores. Each observer's row is computed on its own, the same
+    way in any thread."""
     import os
     from concurrent.futures import ThreadPoolExecutor
 
