@@ -13,7 +13,7 @@ Run: ``python bench/bench_plan.py [--dim 11] [--json]``. Prints timings; asserts
 translation symmetry instead (Erdos-Renyi p = 0.005, geometric radius 0.05, 32 x 64 grid by
 default; ``--steps`` overrides T), the way ``cfree plan`` builds it, and with ``--reference``
 also the per-observer reference path (one fully re-orthogonalised Lanczos basis per observer,
-the code before the batched fast path) in the same process: the ratio is what to compare
+the code before the fast path) in the same process: the ratio is what to compare
 across runs on a shared machine. Prints the load average at start and end and the peak
 resident memory after the fast path (before the reference runs). ``--sample K`` times K evenly
 spaced observers only and scales the times by n / K (for schedules whose reference takes

@@ -47,7 +47,8 @@ def fast_rows(w, steps, observers) -> list[np.ndarray | None]:
 CASES = [
     ("erdos_renyi", {"nodes": 80, "p": 0.1, "seed": 1}, 5, "all"),
     ("erdos_renyi", {"nodes": 90, "p": 0.1, "seed": 5}, 9, "some"),
-    ("erdos_renyi", {"nodes": 60, "p": 0.1, "seed": 2}, 40, "none"),  # saturates: r > n
+    # saturates (r = 1 + deg T > n) everywhere but at the one leaf (r = 41)
+    ("erdos_renyi", {"nodes": 60, "p": 0.1, "seed": 2}, 40, "some"),
     ("geometric", {"nodes": 100, "radius": 0.2, "seed": 3}, 8, "some"),
     ("geometric", {"nodes": 80, "radius": 0.25, "seed": 7}, 5, "some"),
     ("grid", {"rows": 8, "cols": 12}, 10, "all"),
@@ -73,7 +74,9 @@ def test_fast_path_agrees_with_the_reference(kind, kw, steps, taken):
         if r is not None:
             r = np.clip(r, 0.0, 1.0)
             r[v] = 1.0
-            np.testing.assert_allclose(r, ref[v], rtol=0, atol=1e-9)
+            # the same projector read two ways: equal to a few units of roundoff (measured:
+            # at most 3e-14 relative on these graphs)
+            np.testing.assert_allclose(r, ref[v], rtol=1e-12, atol=1e-14)
     # one source and a subset of observers: the same numbers
     obs = list(range(0, n, 7))
     one = mf.plan_factors(w, steps, accelerated, method="exact", observers=obs, sources=[3])

@@ -716,12 +716,9 @@ def _lanczos_basis(
 _LOCAL_KEEP = 1e-3
 #: ... and a finished basis only if ``||Q^T Q - I||_F`` is at most this.
 _LOCAL_ORTH = 1e-4
-#: Observers run together through the fast path (same number of neighbours), at most
-#: ``_LOCAL_BATCH`` of them and ``_LOCAL_BYTES`` of Lanczos basis per batch (one batch per core
-#: at a time).
+#: Observers per task of the fast path (one task per core at a time; each observer runs on its
+#: own, so a task holds one Lanczos basis at a time).
 _LOCAL_BATCH = 32
-_LOCAL_BYTES = 2**28
-_LOCAL_PASSES = 1
 #: False: every observer through the reference (:func:`_lanczos_basis`, one after the other),
 #: as before the fast path existed; for benchmarks and tests that compare the two.
 _EXACT_FAST = True
@@ -730,15 +727,15 @@ _EXACT_FAST = True
 def _local_leverages(
     ws: sp.csr_matrix, starts: list[list[int]], n: int, steps: int, src: np.ndarray
 ) -> list[np.ndarray | None]:
-    """For each start ``[v, *N(v)]`` (all of one length): ``[Pi]_{uu}`` for u in ``src``, Pi the
-    orthogonal projector onto K_steps(W, [e_v, e_N(v)]), or None where this fast path cannot
-    vouch for the result (the caller then runs :func:`_lanczos_basis`, the reference).
+    """For each start ``[v, *N(v)]``: ``[Pi]_{uu}`` for u in ``src``, Pi the orthogonal projector
+    onto K_steps(W, [e_v, e_N(v)]), or None where this fast path cannot vouch for the result (the
+    caller then runs :func:`_lanczos_basis`, the reference).
 
-    Block Lanczos re-orthogonalised against the last two blocks only (twice), which is all that
-    exact arithmetic needs for a symmetric W: O(n b^2) per step instead of O(n r b), run for a
-    batch of observers at once (one sparse product and stacked small products per step). The
-    first block is ``[e_v, e_N(v)]`` and the second comes from ``W e_N(v)`` alone: ``W e_v`` lies
-    in the first block exactly (the direction the reference deflates at roundoff level).
+    Block Lanczos re-orthogonalised against the last two blocks only (one classical Gram-Schmidt
+    pass), which is all that exact arithmetic needs for a symmetric W: O(n k^2) per step instead
+    of the reference's O(n r k) (k = deg v). The first block is ``[e_v, e_N(v)]`` and the second
+    comes from ``W e_N(v)`` alone: ``W e_v`` lies in the first block exactly (the direction the
+    reference deflates at roundoff level).
 
     In floating point the blocks drift away from orthogonality, but each new block still
     satisfies the block three-term relation to working precision, so the computed Q spans the
@@ -754,99 +751,118 @@ def _local_leverages(
     so a block whose values are all at least ``_LOCAL_KEEP`` here is, there, a block of
     directions well above ``KEEP_TOL``: the reference keeps them too. Any smaller value (a
     deflation, or the ambiguous band) returns None for that observer.
-    """
-    from scipy.linalg import blas, cholesky, solve_triangular
 
-    bsz = len(starts)
-    b0 = len(starts[0])
-    first = np.zeros((bsz, n, b0))
-    for i, s in enumerate(starts):
-        first[i, s, range(b0)] = 1.0
-    ok = np.ones(bsz, dtype=bool)
-    blocks = [first]
-    widths = np.full((bsz, 1), b0)  # directions kept per block: its leading columns, rest zero
-    prev, last = None, first
-    # The block W is applied to next, node-major (n, batch, k): the sparse product takes it as
-    # one dense (n, batch * k) matrix. W e_v is in span(first): only W e_N(v) brings new
-    # directions.
+    Cost. Each observer runs on its own, in one contiguous n x r array (r = 1 + k T): its blocks
+    are column slices that the small products read in place, the sparse product reads the last
+    block, and the Gram matrix is one symmetric rank-r update of that array (no copy). The
+    leverages of a few sources are triangular solves of their rows; of many, the squared rows of
+    ``Q U^{-1}``, computed block column by block column (U^{-1} is triangular). The large
+    products go through numpy, which releases the interpreter lock while BLAS runs (scipy's BLAS
+    wrappers do not): the observers of the other threads go on meanwhile.
+    """
+    rows: list[np.ndarray | None] = []
+    buf = out = np.empty(0)
+    for start in starts:
+        r = len(start) + (len(start) - 1) * (steps - 1)
+        if r > n:  # more directions than R^n has: repeated ones
+            rows.append(None)
+            continue
+        if buf.size < n * r:
+            buf = np.empty(n * r)
+            out = np.empty(n * r) if src.size * 4 > n else out
+        try:
+            q = buf[: n * r].reshape(n, r)
+            rows.append(_local_leverage(ws, start, n, steps, src, q, out))
+        except np.linalg.LinAlgError:
+            rows.append(None)
+    return rows
+
+
+def _local_leverage(
+    ws: sp.csr_matrix,
+    start: list[int],
+    n: int,
+    steps: int,
+    src: np.ndarray,
+    q: np.ndarray,
+    out: np.ndarray,
+) -> np.ndarray | None:
+    """One observer of :func:`_local_leverages`; ``q``: a C-contiguous n x r work array, ``out``
+    one of at least n r entries."""
+    from scipy.linalg import lapack, solve_triangular
+
+    b0 = len(start)
     k = b0 - 1
-    feed = np.ascontiguousarray(first[:, :, 1:].transpose(1, 0, 2))
     # Read at call time: the tolerance policy is the module's (a test may widen its band).
     keep = max(_LOCAL_KEEP, 10.0 * KEEP_TOL)
     floor = keep * keep
-    try:
-        for _ in range(1, steps):
-            if k == 0:
-                break
-            z = np.asarray(ws @ feed.reshape(n, bsz * k))
-            z = np.ascontiguousarray(z.reshape(n, bsz, k).transpose(1, 0, 2))
-            for _ in range(_LOCAL_PASSES):
-                z -= last @ (last.transpose(0, 2, 1) @ z)
-                if prev is not None:
-                    z -= prev @ (prev.transpose(0, 2, 1) @ z)
-            lam, vec = np.linalg.eigh(z.transpose(0, 2, 1) @ z)
-            # Orthonormalised through its Gram matrix: what roundoff leaves is measured and
-            # corrected with the rest at the end.
-            coef = vec / np.sqrt(np.maximum(lam, floor))[:, None, :]
-            q = z @ coef
-            kept = np.full(bsz, k)
-            redone = False
-            for i in np.flatnonzero(ok & (lam[:, 0] < floor)):
-                # A small direction: the Gram matrix cannot size it, the SVD can. Any direction
-                # below the floor, a deflation included, is left to the reference. (Even an
-                # exactly zero one, from a neighbour whose neighbourhood lies in [v, N(v)]: with
-                # such deflations a geometric graph's observer came out 9e-8 below the
-                # reference with every check passed.)
-                u, sv, _ = np.linalg.svd(z[i], full_matrices=False)
-                if np.any(sv < keep):
-                    ok[i] = False
-                    continue
-                kept[i] = int(np.count_nonzero(sv >= keep))
-                q[i] = 0.0
-                q[i, :, : kept[i]] = u[:, : kept[i]]
-                redone = True
-            blocks.append(q)
-            widths = np.hstack([widths, kept[:, None]])
-            prev, last = last, q
-            if redone:
-                feed = np.ascontiguousarray(q.transpose(1, 0, 2))
-            else:  # the same product written node-major: cheaper than a transpose
-                feed = np.empty((n, bsz, k))
-                np.matmul(z, coef, out=feed.transpose(1, 0, 2))
-            ok &= widths.sum(axis=1) <= n  # more directions than R^n has: repeated ones
-            if not ok.any():
-                break
-    except np.linalg.LinAlgError:
-        return [None] * bsz
-    out: list[np.ndarray | None] = []
-    for i in range(bsz):
-        r = int(widths[i].sum())
-        if not ok[i] or r > n:
-            out.append(None)
-            continue
-        basis = np.concatenate(
-            [blk[i, :, :wd] for blk, wd in zip(blocks, widths[i], strict=True)], axis=1
-        )
-        # G = Q^T Q (upper triangle), one symmetric rank-k update; Q^T is Fortran-ordered.
-        g = blas.dsyrk(1.0, basis.T, trans=0, lower=0)
-        dev = np.triu(g)
-        dev -= np.eye(r)
-        # ||G - I||_F from the upper triangle (off-diagonal entries twice).
-        off = np.linalg.norm(np.triu(dev, 1))
-        if not math.sqrt(2.0 * off * off + float(np.sum(np.diag(dev) ** 2))) <= _LOCAL_ORTH:
-            out.append(None)
-            continue
-        upper = cholesky(g, lower=False, check_finite=False)
-        x = solve_triangular(upper, basis[src].T, trans="T", lower=False, check_finite=False)
-        out.append(np.einsum("ij,ij->j", x, x))
-    return out
+    q[:, :b0] = 0.0
+    q[start, range(b0)] = 1.0
+    lo, hi = 0, b0  # columns of the last two blocks (the first block alone at step 1)
+    # W e_v is in span(first block): only W e_N(v) brings new directions.
+    last = np.ascontiguousarray(q[:, 1:b0])
+    for j in range(1, steps if k else 1):
+        z = ws @ last
+        both = q[:, lo:hi]
+        z -= both @ (both.T @ z)
+        # Orthonormalised through its Gram matrix z^T z = R^T R (Cholesky), q = z R^{-1}: what
+        # roundoff leaves is measured (G) and corrected with the rest at the end. Its smallest
+        # eigenvalue is at least 1 / ||R^{-1}||_F^2, so a block that passes that bound has every
+        # singular value at or above the floor.
+        new = q[:, hi : hi + k]
+        upper, info = lapack.dpotrf(z.T @ z, lower=0, clean=1)
+        if not info:
+            inv, info = lapack.dtrtri(upper, lower=0, overwrite_c=1)
+        if info or not float(np.sum(inv * inv)) * floor <= 1.0:
+            # A small direction: the Gram matrix cannot size it, the SVD can. Any direction
+            # below the floor, a deflation included, is left to the reference. (Even an exactly
+            # zero one, from a neighbour whose neighbourhood lies in [v, N(v)]: with such
+            # deflations a geometric graph's observer came out 9e-8 below the reference with
+            # every other check passed.)
+            u, sv, _ = np.linalg.svd(z, full_matrices=False)
+            if not sv[-1] >= keep:
+                return None
+            new[...] = u
+        else:
+            np.matmul(z, np.ascontiguousarray(inv), out=new)
+        last = np.ascontiguousarray(new)
+        lo, hi = (hi - k if j > 1 else 0), hi + k
+    # G = Q^T Q, one symmetric rank-r update. numpy's product runs without the interpreter lock
+    # (the other threads' observers go on meanwhile); scipy's BLAS wrappers hold it.
+    r = q.shape[1]
+    g = q.T @ q
+    g.flat[:: r + 1] -= 1.0
+    dev = float(np.linalg.norm(g))  # ||G - I||_F
+    if not dev <= _LOCAL_ORTH:
+        return None
+    g.flat[:: r + 1] += 1.0  # exact: each |G_ii - 1| <= dev, far below 1/2
+    # G = U^T U (LAPACK reads the symmetric G as its Fortran-ordered transpose, in place);
+    # [Pi]_uu = ||U^{-T} Q[u]||^2.
+    upper, info = lapack.dpotrf(g.T, lower=0, overwrite_a=1, clean=1)
+    if info:
+        return None
+    if src.size * 4 <= n:
+        x = solve_triangular(upper, q[src].T, trans="T", check_finite=False)
+        return np.einsum("ij,ij->j", x, x)
+    # Many sources: the rows of Q U^{-1} (U^{-1} is as well conditioned as U, G being near I),
+    # as products of column blocks of Q with the nonzero blocks of the triangular U^{-1}.
+    inv, info = lapack.dtrtri(upper, lower=0, overwrite_c=1)
+    if info:
+        return None
+    inv = np.ascontiguousarray(inv)
+    y = out[: n * r].reshape(n, r)
+    edges = [r * i // 4 for i in range(5)]
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        np.matmul(q[:, :hi], inv[:hi, lo:hi], out=y[:, lo:hi])
+    lev = np.einsum("ij,ij->i", y, y)
+    return lev if src.size == n and np.array_equal(src, np.arange(n)) else lev[src]
 
 
 def _observers_factors(
     ws: sp.csr_matrix, w, group: list[int], n: int, steps: int, src: np.ndarray, strict: bool
 ) -> list[np.ndarray]:
-    """Exact fault-free factors of the sources ``src`` towards each observer of ``group`` (all
-    with the same number of neighbours): the fast path, else the reference for that observer."""
+    """Exact fault-free factors of the sources ``src`` towards each observer of ``group``: the
+    fast path, else the reference for that observer."""
     starts = [[v, *_neighbours(w, v)] for v in group]
     rows = _local_leverages(ws, starts, n, steps, src)
     for i, (v, start) in enumerate(zip(group, starts, strict=True)):
@@ -865,10 +881,11 @@ _THREADS_MIN_N = 256
 
 def _map_observers(fn, items: list, n: int):
     """``fn(item)`` for every item (a batch of observers), in order; on a graph of at least
-    ``_THREADS_MIN_N`` nodes spread over one thread per available core. The work is numpy and
-    LAPACK calls that release the GIL; BLAS is held to one thread meanwhile so the threads do
-    not oversubscribe the cores. Each observer's row is computed on its own, the same way in any
-    thread."""
+    ``_THREADS_MIN_N`` nodes spread over one thread per available core. The large products are
+    numpy's, which release the GIL while BLAS runs (scipy's BLAS and LAPACK wrappers hold it, so
+    the fast path gives them nothing larger than r x r); BLAS is held to one thread meanwhile so the
+    threads do not oversubscribe the cores. Each observer's row is computed on its own, the same
+    way in any thread."""
     import os
     from concurrent.futures import ThreadPoolExecutor
 
@@ -920,7 +937,7 @@ def plan_factors(
     (:func:`translations`), compute observer 0's row only and move it to every observer.
 
     ``method="exact"``: per observer the projector onto K_T(W, [e_v, e_N(v)]); accelerated and
-    plain give the same result. ``F[v, v] = 1``. Observers of equal degree run in batches through
+    plain give the same result. ``F[v, v] = 1``. Observers run in batches through
     :func:`_local_leverages` (else :func:`_lanczos_basis`), on one thread per core; one source
     saves the last O(n r^2) product per observer, not the basis.
     ``method="paper"``: Eq. (6) with C_t = P_t(W) (accelerated) or W^t, t = 0..T-1, via the
@@ -962,16 +979,10 @@ def plan_factors(
                 progress.tick(i + 1, obs.size, "exact loss, observer")
             out[obs[:, None] == src[None, :]] = 1.0
             return out
-        # Observers with the same number of neighbours share a batch of the fast path.
-        by_deg: dict[int, list[int]] = {}
-        for i, v in enumerate(obs.tolist()):
-            by_deg.setdefault(len(_neighbours(w, v)), []).append(i)
-        batches = []
-        for deg, idx in by_deg.items():
-            # at most _LOCAL_BYTES of Lanczos blocks per batch
-            size = (1 + deg * (steps - 1)) * n * 8
-            per = max(1, min(_LOCAL_BATCH, _LOCAL_BYTES // size))
-            batches += [idx[k : k + per] for k in range(0, len(idx), per)]
+        batches = [
+            list(range(k, min(k + _LOCAL_BATCH, obs.size)))
+            for k in range(0, obs.size, _LOCAL_BATCH)
+        ]
         done = 0
         results = _map_observers(
             lambda idx: _observers_factors(ws, w, obs[idx].tolist(), n, steps, src, strict),
