@@ -576,6 +576,8 @@ async def launch_peers(
         hosts = [(cfg.network.host, s.getsockname()[1]) for s in socks]
         ros = roster_mod.generate_keys(n, out_dir / "keys", hosts=hosts, name=cfg.run.name)
         roster_mod.save_roster(rundir.roster_path(out_dir), ros)
+        if server is not None:  # the plan and the roster, made once for every peer to share
+            await server.share_run(rundir.config_path(out_dir), rundir.roster_path(out_dir))
 
         def with_socket(i: int, argv: list[str]) -> tuple[list[str], tuple[int, ...]]:
             fd = socks[i].fileno()

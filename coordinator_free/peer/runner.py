@@ -42,7 +42,7 @@ from coordinator_free.engine.events import (
     Send,
 )
 from coordinator_free.engine.events import Progress as ProgressAction
-from coordinator_free.families import family_of
+from coordinator_free.families import family_of, shared_plan
 from coordinator_free.faults import nan_message
 from coordinator_free.net.transport import PeerNet
 from coordinator_free.viewlog import ViewLogWriter
@@ -138,7 +138,10 @@ async def run_peer(
             f"{cfg.protocol.name} is the trusted-curator baseline: it runs in one process "
             "(cfree run or cfree simulate), not as peers"
         )
-    plan = family.make_plan(cfg)
+    # Forked from a fork server that made this run's plan: that one, shared.
+    plan = shared_plan(cfg)
+    if plan is None:
+        plan = family.make_plan(cfg)
     if plan.n != len(roster.entries):
         raise PeerFailure(
             f"the config describes {plan.n} nodes but the roster lists {len(roster.entries)}"
