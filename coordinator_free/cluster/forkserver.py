@@ -101,9 +101,10 @@ def _preload(modules) -> None:
     if "coordinator_free.peer.command" in modules:
         _peer_parser()
     if "threadpoolctl" in modules:
-        import threadpoolctl
+        from coordinator_free.blas import one_thread_for_process
 
-        threadpoolctl.threadpool_info()  # what it imports to find the BLAS libraries
+        # What every peer does first, done once: the children inherit the limit.
+        one_thread_for_process()
 
 
 def _send(sock: socket.socket, msg: dict) -> None:
