@@ -375,6 +375,64 @@ async def _redraw(display: ProgressDisplay, every_s: float = 1.0) -> None:
         display.render()
 
 
+class StartGate:
+    """The start signal of a run's peers: a pipe whose read end every peer gets (``cfree peer
+    --start-fd``) and whose write end the launcher closes once every peer has connected to its
+    neighbours or has ended, or ``wait_s`` after every peer was listening (or had ended),
+    whichever comes first (or when the launcher ends).
+
+    Started one after the other, the peers of a large run come up over a minute or more on a
+    small machine (1024 forked peers: 60 s on 2 loaded cores). A peer dials its neighbours as
+    soon as it is up (the handshakes spread over the start), but its connect timeout counts,
+    and its first step waits, from the signal. Without it, the first peers gave up on the last
+    ones (connect timeout), or missed the first value of a neighbour that was connected but
+    still waiting for its own neighbours (step deadline)."""
+
+    def __init__(self, n: int):
+        self.read_fd, self._write_fd = os.pipe()
+        self._listening: set[int] = set(range(n))
+        self._connecting: set[int] = set(range(n))
+        self._all_listening = asyncio.Event()
+        self._all_connected = asyncio.Event()
+        self._note(set(), self._listening, self._all_listening)
+
+    @staticmethod
+    def _note(nodes: set[int], waiting: set[int], done: asyncio.Event) -> None:
+        waiting -= nodes
+        if not waiting:
+            done.set()
+
+    def event(self, node: int, kind: str) -> None:
+        """What node ``node`` reported ("listening", "connected", "failed"), or "exited"."""
+        if kind in ("listening", "connected", "failed", "exited"):
+            self._note({node}, self._listening, self._all_listening)
+        if kind in ("connected", "failed", "exited"):
+            self._note({node}, self._connecting, self._all_connected)
+
+    def spawned(self) -> None:
+        """Every peer has its copy of the read end: the launcher's is closed."""
+        if self.read_fd >= 0:
+            os.close(self.read_fd)
+            self.read_fd = -1
+
+    async def open_when_ready(self, wait_s: float) -> None:
+        await self._all_listening.wait()
+        try:
+            await asyncio.wait_for(self._all_connected.wait(), wait_s)
+        except TimeoutError:
+            pass
+        self.open()
+
+    def open(self) -> None:
+        if self._write_fd >= 0:
+            os.close(self._write_fd)
+            self._write_fd = -1
+
+    def close(self) -> None:
+        self.spawned()
+        self.open()
+
+
 async def _watch_peer(
     node: int,
     proc: asyncio.subprocess.Process,
@@ -382,6 +440,7 @@ async def _watch_peer(
     display: ProgressDisplay,
     stderr_path: Path,
     on_event: Callable[[int, dict, int], None] | None,
+    gate: StartGate | None = None,
 ) -> None:
     async def pump_stdout():
         assert proc.stdout is not None
@@ -401,6 +460,9 @@ async def _watch_peer(
                 display.update(ev)
                 if on_event is not None:
                     on_event(node, ev, proc.pid)
+                # After on_event: a fault it injects at "connected" lands before the signal.
+                if gate is not None:
+                    gate.event(node, str(ev.get("event")))
 
     async def pump_stderr():
         assert proc.stderr is not None
@@ -414,6 +476,8 @@ async def _watch_peer(
 
     await asyncio.gather(pump_stdout(), pump_stderr())
     outcome.returncode = await proc.wait()
+    if gate is not None:
+        gate.event(node, "exited")
     display.update({"event": "exited", "node": node})
 
 
@@ -423,11 +487,16 @@ async def _watch_peer(
 STEP_EVENTS_S = 0.1
 
 
-def peer_argv(out_dir: Path, node: int, progress_every: float = 0.0) -> list[str]:
+def peer_argv(
+    out_dir: Path, node: int, progress_every: float = 0.0, start_fd: int | None = None
+) -> list[str]:
     """The ``cfree peer`` command line of ``node`` in the run directory ``out_dir`` (config,
     roster and keys already there), reporting progress as JSON lines on its stdout (step
-    events at most every ``progress_every`` seconds; 0: every step)."""
+    events at most every ``progress_every`` seconds; 0: every step), taking its first step
+    once ``start_fd`` reads end-of-file (:class:`StartGate`) when given."""
     every = ["--progress-every", f"{progress_every:g}"] if progress_every else []
+    if start_fd is not None:
+        every += ["--start-fd", str(start_fd)]
     return [
         sys.executable, "-m", "coordinator_free", "peer",
         "--config", str(rundir.config_path(out_dir)),
@@ -469,10 +538,13 @@ async def supervise_peers(
     With a ``forkserver``, each peer is forked from it (the command must then be the plain
     ``cfree peer`` one, not wrapped) instead of starting a fresh interpreter.
     Peers still running at ``timeout_s`` are killed, and so is every peer still running when
-    this coroutine ends in any other way (error, Ctrl-C, cancellation).
+    this coroutine ends in any other way (error, Ctrl-C, cancellation). The peers take their
+    first step together, once all are connected (:class:`StartGate`).
     """
     n = plan.n
     procs: list = []  # asyncio subprocesses, or ForkedProcess
+    gate = StartGate(n)
+    opener = None
     try:
         rundir.logs_dir(out_dir).mkdir(exist_ok=True)
         display = ProgressDisplay(
@@ -487,8 +559,9 @@ async def supervise_peers(
         watchers = []
         display.render()  # "up 0/n" until the peers report in
         for i in range(n):
-            base = peer_argv(out_dir, i, every)
+            base = peer_argv(out_dir, i, every, gate.read_fd)
             argv, fds = command(i, base)
+            fds = (*fds, gate.read_fd)
             if forkserver is not None:
                 if argv[:4] != base[:4]:
                     raise LaunchError(f"the fork server runs `cfree peer`, not {argv[0]}")
@@ -507,10 +580,18 @@ async def supervise_peers(
             watchers.append(
                 asyncio.ensure_future(
                     _watch_peer(
-                        i, proc, outcomes[i], display, rundir.stderr_path(out_dir, i), on_event
+                        i,
+                        proc,
+                        outcomes[i],
+                        display,
+                        rundir.stderr_path(out_dir, i),
+                        on_event,
+                        gate,
                     )
                 )
             )
+        gate.spawned()
+        opener = asyncio.ensure_future(gate.open_when_ready(cfg.network.connect_timeout_s))
         if after_spawn is not None:
             after_spawn()
         if timeout_s is None:
@@ -543,6 +624,9 @@ async def supervise_peers(
                     o.error = tail
         return LocalRun(out_dir=out_dir, outcomes=outcomes, wall_s=time.monotonic() - t0)
     finally:
+        gate.close()
+        if opener is not None:
+            opener.cancel()
         # Interrupted (Ctrl-C, cancellation) or failed while spawning: never leave peer
         # processes behind. Every one is killed first, then all are awaited together under one
         # deadline (one at a time, a run of hundreds took a minute to end).
