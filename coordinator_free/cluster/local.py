@@ -102,22 +102,23 @@ def check_loopback(host: str) -> None:
         )
 
 
-#: What one peer process costs beyond its copy of the plan, in MiB of PSS (its share of the
-#: pages it shares with others counted pro rata), with a margin over what was measured: 15.5
-#: MiB each for a muffliato ring of 64 forked peers (tests/test_memory.py measures it again),
-#: 66 MiB each for 16 fresh interpreters (``--spawn exec``; ``cfree lab run`` starts every
-#: peer so). With the plan, 2000 forked peers come to about 48 MiB each: measured, about 45 MB
-#: each at start.
-PEER_BASE_MIB = {"fork": 18.0, "exec": 72.0}
+#: What one peer process costs, in MiB, with a margin over what was measured (the default
+#: hypercube, 20 steps; bench/bench_run_memory.py): PSS (its share of the pages it shares with
+#: others counted pro rata) plus the kernel's memory for it (page tables, kernel stack,
+#: sockets: about 1 MiB, in no PSS). A forked peer: 9.5 MiB of PSS at 1024 peers, 9.4 at 256,
+#: 10 to 11.5 at 64 (tests/test_memory.py measures it again), counted as 13; the plan is
+#: shared with the fork server (counted once, :class:`MemoryEstimate`). A fresh interpreter
+#: (``--spawn exec``; ``cfree lab run`` starts every peer so): 66 MiB each for 16, counted as
+#: 72, plus its own copy of the plan.
+PEER_BASE_MIB = {"fork": 13.0, "exec": 72.0}
 #: The share of the machine's available memory a run may plan to use: the launcher, the
 #: auditor afterwards and everything else keep the rest.
 MEMORY_SHARE = 0.8
 
 
 def plan_nbytes(plan) -> int:
-    """The bytes of the numpy arrays a plan holds (each counted once): every peer builds its own
-    copy of the plan, so this is what a peer holds beyond :data:`PEER_BASE_MIB`. A Muffliato
-    ring of n nodes holds an n x n float64 matrix: 31 MiB at n = 2000."""
+    """The bytes of the numpy arrays a plan holds (each counted once). A Muffliato ring of n
+    nodes holds an n x n float64 matrix: 31 MiB at n = 2000."""
     seen: set[int] = set()
     total = 0
     stack = [plan]
@@ -156,6 +157,10 @@ def available_memory() -> int | None:
 
 @dataclass
 class MemoryEstimate:
+    """What a run's peers take: ``base_bytes`` each (:data:`PEER_BASE_MIB`) and the plan,
+    ``plan_bytes``: once when the peers are forked (the fork server makes it and every peer
+    shares its pages), once per peer when each is a fresh interpreter that makes its own."""
+
     peers: int
     spawn: str
     base_bytes: int
@@ -163,12 +168,16 @@ class MemoryEstimate:
     available_bytes: int | None
 
     @property
+    def shared_plan(self) -> bool:
+        return self.spawn == "fork"
+
+    @property
     def per_peer_bytes(self) -> int:
-        return self.base_bytes + self.plan_bytes
+        return self.base_bytes + (0 if self.shared_plan else self.plan_bytes)
 
     @property
     def total_bytes(self) -> int:
-        return self.peers * self.per_peer_bytes
+        return self.peers * self.per_peer_bytes + (self.plan_bytes if self.shared_plan else 0)
 
     @property
     def fits(self) -> bool:
@@ -213,12 +222,20 @@ def check_memory(cfg: Config, plan, *, spawn: str = "fork", allow: bool = False)
     if est.fits or allow or not family_of(cfg.protocol.name).has_peers(cfg):
         return est
     gib = 2**30
-    kind = "forked peer" if spawn == "fork" else "peer interpreter"
+    if est.shared_plan:
+        each = (
+            f"{est.per_peer_bytes / 2**20:.1f} MiB per forked peer (measured, with a margin), "
+            f"and {est.plan_bytes / 2**20:.1f} MiB for the plan they share"
+        )
+    else:
+        each = (
+            f"{est.per_peer_bytes / 2**20:.1f} MiB each: {PEER_BASE_MIB[spawn]:g} MiB per peer "
+            f"interpreter (measured, with a margin) + {est.plan_bytes / 2**20:.1f} MiB for its "
+            "copy of the plan"
+        )
     raise LaunchError(
         f"{size_keys(cfg, plan.n)}: {plan.n} peer processes need about "
-        f"{est.total_bytes / gib:.1f} GiB ({est.per_peer_bytes / 2**20:.1f} MiB each: "
-        f"{PEER_BASE_MIB[spawn]:g} MiB per {kind} (measured, with a margin) "
-        f"+ {est.plan_bytes / 2**20:.1f} MiB for its copy of the plan), more than "
+        f"{est.total_bytes / gib:.1f} GiB ({each}), more than "
         f"{MEMORY_SHARE:.0%} of the {est.available_bytes / gib:.1f} GiB this machine has "
         f"available; nothing was started. Lower the size, or pass {MEMORY_FLAG} to start anyway"
     )
