@@ -5,8 +5,10 @@ while it runs, reads ``/proc/PID/smaps_rollup`` of every process under it: the l
 fork server and the peers (the fork server's children). PSS counts a page shared by k
 processes as 1/k to each, so the sum over all processes is the memory the run really takes.
 Reported: the peak of the peers' summed PSS (and per peer, with the peer count at that
-sample), the peak of the whole tree's, the peak RSS of one peer, the drop of MemAvailable
-from before the start, CPU seconds (user + system of the launcher and every process under it,
+sample), the peak of the whole tree's, the peak RSS of one peer, the peak growth of the
+kernel's own memory for them (page tables, kernel stacks, unreclaimable slab: not in any
+PSS), the drop of MemAvailable from before the start (the whole machine's: other work
+counts too), CPU seconds (user + system of the launcher and every process under it,
 from its rusage), wall seconds, whether the run was fault-free and its difference from the
 simulator (from the run's own summary), and the load average at the start and the end.
 
@@ -55,11 +57,17 @@ def children_of() -> dict[int, list[int]]:
     return kids
 
 
-def mem_available() -> int:
+def meminfo() -> dict[str, int]:
+    out = {}
     for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return 0
+        key, _, rest = line.partition(":")
+        out[key] = int(rest.split()[0]) * 1024
+    return out
+
+
+#: Kernel memory a process costs beyond its pages (not in PSS): its page tables, its kernel
+#: stack, and the unreclaimable slab of its sockets, pipes and descriptors.
+KERNEL = ("PageTables", "KernelStack", "SUnreclaim")
 
 
 class Sampler(threading.Thread):
@@ -69,9 +77,12 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.root, self.every = root, every
         self.stop = threading.Event()
-        self.avail0 = mem_available()
+        info = meminfo()
+        self.avail0 = info["MemAvailable"]
+        self.kernel0 = sum(info.get(k, 0) for k in KERNEL)
         self.peak = {"tree_pss": 0, "peers_pss": 0, "peers": 0, "peer_rss": 0, "server_pss": 0,
-                     "launcher_pss": 0, "avail_drop": 0, "peer_private_dirty": 0}  # fmt: skip
+                     "launcher_pss": 0, "avail_drop": 0, "peer_private_dirty": 0,
+                     "kernel": 0, "kernel_peers": 0}  # fmt: skip
         self.samples = 0
 
     def run(self) -> None:
@@ -99,13 +110,17 @@ class Sampler(threading.Thread):
         tree += peers_pss
         self.samples += 1
         p = self.peak
+        info = meminfo()
+        kernel = sum(info.get(k, 0) for k in KERNEL) - self.kernel0
+        if kernel > p["kernel"]:
+            p.update(kernel=kernel, kernel_peers=npeers)
         if peers_pss > p["peers_pss"]:
             p.update(peers_pss=peers_pss, peers=npeers, peer_private_dirty=peers_dirty)
         p["tree_pss"] = max(p["tree_pss"], tree)
         p["peer_rss"] = max(p["peer_rss"], peer_rss)
         p["server_pss"] = max(p["server_pss"], server_pss)
         p["launcher_pss"] = max(p["launcher_pss"], launcher.get("Pss", 0))
-        p["avail_drop"] = max(p["avail_drop"], self.avail0 - mem_available())
+        p["avail_drop"] = max(p["avail_drop"], self.avail0 - info["MemAvailable"])
 
 
 def measure(sets: list[str], every: float, extra: list[str]) -> dict:
@@ -149,6 +164,9 @@ def measure(sets: list[str], every: float, extra: list[str]) -> dict:
         "peak_server_pss_mib": round(peak["server_pss"] / mib, 1),
         "peak_launcher_pss_mib": round(peak["launcher_pss"] / mib, 1),
         "peak_tree_pss_mib": round(peak["tree_pss"] / mib, 1),
+        "peak_kernel_growth_mib": round(peak["kernel"] / mib, 1),
+        "peers_at_kernel_peak": peak["kernel_peers"],
+        "kernel_per_peer_mib": round(peak["kernel"] / mib / max(1, peak["kernel_peers"]), 2),
         "peak_memavailable_drop_mib": round(peak["avail_drop"] / mib, 1),
         "samples": sampler.samples,
         "failed": len(summary.get("failed", [])) if summary else None,
