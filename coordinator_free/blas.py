@@ -24,6 +24,14 @@ def one_thread():
     return threadpool_limits(limits=1, user_api="blas")
 
 
+_held = False
+
+
 def one_thread_for_process() -> None:
-    """Hold BLAS and LAPACK to one thread for the rest of this process (a peer)."""
-    threadpool_limits(limits=1, user_api="blas")
+    """Hold BLAS and LAPACK to one thread for the rest of this process (a peer). Once: a
+    process forked from one that did this (a peer of the fork server, which does it after its
+    imports) inherits the limit with the libraries' state and does not look for them again."""
+    global _held
+    if not _held:
+        threadpool_limits(limits=1, user_api="blas")
+        _held = True

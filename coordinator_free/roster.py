@@ -375,7 +375,31 @@ def parse_roster(text: str | bytes, *, source: str = "<roster>") -> Roster:
 
 
 def load_roster(path: str | os.PathLike) -> Roster:
-    """Read and validate a roster file; every error is a :class:`RosterError` naming the file."""
+    """Read and validate a roster file; every error is a :class:`RosterError` naming the file.
+    A file with the bytes of the one :func:`share_roster` parsed is not parsed again."""
+    data = _read_roster(path)
+    if _shared is not None and _shared[0] == data:
+        return _shared[1]
+    return parse_roster(data, source=str(path))
+
+
+#: The roster :func:`share_roster` parsed, with the bytes it was parsed from.
+_shared: tuple[bytes, Roster] | None = None
+
+
+def share_roster(path: str | os.PathLike) -> Roster:
+    """Parse the roster at ``path`` and keep it: :func:`load_roster` of a file with the same
+    bytes returns it (a roster is a function of its bytes alone). The fork server does this
+    before it forks a run's peers, which then share the one parsed roster instead of each
+    checking every entry's key again (a trial key exchange per entry)."""
+    global _shared
+    data = _read_roster(path)
+    ros = parse_roster(data, source=str(path))
+    _shared = (data, ros)
+    return ros
+
+
+def _read_roster(path: str | os.PathLike) -> bytes:
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -386,7 +410,7 @@ def load_roster(path: str | os.PathLike) -> Roster:
         raise RosterError(f"roster {path}: cannot read it: {exc.strerror or exc}") from None
     if len(data) > MAX_ROSTER_FILE_BYTES:
         raise RosterError(f"roster {path}: larger than {MAX_ROSTER_FILE_BYTES} bytes")
-    return parse_roster(data, source=str(path))
+    return data
 
 
 def save_roster(path: str | os.PathLike, roster: Roster) -> None:

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from netrun import wait_gone
@@ -180,3 +181,57 @@ def test_a_server_that_cannot_start_is_a_clear_error():
             await server.close()
 
     asyncio.run(main())
+
+
+def test_a_shared_plan_and_roster_serve_only_the_same_keys_and_bytes(tmp_path, monkeypatch):
+    """What the server makes once for its children (families.share_plan, roster.share_roster)
+    is handed out only for a config equal in every key (wherever it was read from) and for a
+    roster file of the same bytes; anything else is made afresh, errors included."""
+    from coordinator_free import config, families
+    from coordinator_free import roster as roster_mod
+
+    monkeypatch.setattr(families, "_shared", None)
+    monkeypatch.setattr(roster_mod, "_shared", None)
+    ring = Path(__file__).resolve().parent.parent / "examples" / "muffliato-ring.toml"
+    cfg = config.load(ring, ["graph.nodes=8"])
+    assert families.shared_plan(cfg) is None
+    plan = families.share_plan(cfg)
+    copy = tmp_path / "config.toml"
+    copy.write_text(cfg.to_toml())
+    assert families.shared_plan(config.load(copy)) is plan  # same keys, another file
+    assert families.shared_plan(config.load(copy, ["protocol.steps=7"])) is None
+    assert families.shared_plan(config.load(copy, ["graph.nodes=9"])) is None
+
+    path = tmp_path / "roster.json"
+    roster_mod.save_roster(path, roster_mod.generate_keys(3, tmp_path / "k1"))
+    shared = roster_mod.share_roster(path)
+    assert roster_mod.load_roster(path) is shared
+    other = roster_mod.generate_keys(3, tmp_path / "k2")
+    path.unlink()
+    roster_mod.save_roster(path, other)  # the same file, other bytes: parsed again
+    got = roster_mod.load_roster(path)
+    assert got is not shared and got == other
+    path.write_text("{")
+    with pytest.raises(roster_mod.RosterError, match="invalid JSON"):
+        roster_mod.load_roster(path)
+
+
+def test_the_server_makes_a_runs_plan_and_roster_once_or_says_why_not(tmp_path, waiting_peer):
+    """share_run: the server makes the plan and parses the roster before it forks the peers
+    (they share both); a file it cannot read is a clear error, and the server keeps serving."""
+    argv = waiting_peer(0, 99)
+    cfg = argv[argv.index("--config") + 1]
+    ros = argv[argv.index("--roster") + 1]
+
+    async def main():
+        server = ForkServer.start(LIGHT)
+        try:
+            await asyncio.wait_for(server.share_run(cfg, ros), 120)
+            with pytest.raises(ForkServerError, match="missing.json"):
+                await asyncio.wait_for(server.share_run(cfg, tmp_path / "missing.json"), 60)
+            child = await server.spawn(["peer", "--help"])
+            return await child.wait()
+        finally:
+            await server.close()
+
+    assert asyncio.run(main()) == 0

@@ -14,8 +14,22 @@ object per packet; file descriptors travel with ``SCM_RIGHTS``):
     launcher -> server   {"spawn": id, "argv": [...], "env": {...}, "cwd": ..., "fds": [t...]}
                          with the descriptors [stdin, stdout, stderr, *extra]; the child gets
                          them as 0, 1, 2 and as the numbers ``fds`` lists (e.g. --listen-fd)
+                         {"share": id, "config": path, "roster": path}: make the plan of the
+                         run configured there and parse its roster, for the children forked
+                         after to share (below)
     server -> launcher   {"spawned": id, "pid": pid}  or  {"failed": id, "error": "..."}
+                         {"shared": id}
                          {"exited": pid, "code": c}   (c < 0: killed by signal -c)
+
+What a child shares with the server stays shared only while neither writes to it. Two things
+would copy it page by page into every child: Python's cycle collector, which writes into the
+header of every object it examines (so the server freezes what it has loaded, ``gc.freeze``,
+and a child's collections skip it), and each child making the same objects for itself: the
+run's plan (at 1024 nodes a dense 8 MiB gossip matrix and the eigenvalue work of its spectral
+gap), its roster (every entry's public key checked by a trial key exchange: 90 ms at 1024
+nodes), the ``cfree peer`` argument parser. The launcher asks the server to make the plan and
+parse the roster once, before the first spawn; a peer forked after finds them
+(``families.shared_plan``, ``roster.load_roster``) and makes neither.
 
 When the launcher's end closes (it finished, or died), the server gives the children it still
 has ``grace_s`` seconds (60) to end by themselves (a peer whose launcher is gone finds its
@@ -27,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -45,6 +60,7 @@ from coordinator_free.errors import CfreeError
 PRELOAD = (
     "coordinator_free.peer.command",
     "coordinator_free.peer.runner",
+    "coordinator_free.peer.budget",
     "coordinator_free.families.averaging.node",
     "coordinator_free.families.averaging.validate",
     "coordinator_free.families.randomized.node",
@@ -82,10 +98,13 @@ def _preload(modules) -> None:
     from coordinator_free import families
 
     families.families()  # the registry, and every family package with it
+    if "coordinator_free.peer.command" in modules:
+        _peer_parser()
     if "threadpoolctl" in modules:
-        import threadpoolctl
+        from coordinator_free.blas import one_thread_for_process
 
-        threadpoolctl.threadpool_info()  # what it imports to find the BLAS libraries
+        # What every peer does first, done once: the children inherit the limit.
+        one_thread_for_process()
 
 
 def _send(sock: socket.socket, msg: dict) -> None:
@@ -97,6 +116,7 @@ def serve(sock: socket.socket, preload=PRELOAD, grace_s: float = 60.0) -> None:
     launcher's end of ``sock`` closes: after the children have ended, or ``grace_s`` seconds
     later, killing those still running (at once when the launcher said :data:`SHUTDOWN`)."""
     _preload(preload)
+    gc.freeze()  # what the children share: out of the cycle collector's reach (module doc)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
@@ -132,12 +152,18 @@ def serve(sock: socket.socket, preload=PRELOAD, grace_s: float = 60.0) -> None:
                     return
                 try:
                     req = json.loads(msg)
-                    pid = _fork_child(req, fds, sock, (wake_r, wake_w))
+                    if "share" in req:
+                        _share_run(req["config"], req["roster"])
+                    else:
+                        pid = _fork_child(req, fds, sock, (wake_r, wake_w))
                 except Exception as exc:  # a bad request: say so, keep serving
                     _send(sock, {"failed": _req_id(msg), "error": f"{type(exc).__name__}: {exc}"})
                 else:
-                    children.add(pid)
-                    _send(sock, {"spawned": req["spawn"], "pid": pid})
+                    if "share" in req:
+                        _send(sock, {"shared": req["share"]})
+                    else:
+                        children.add(pid)
+                        _send(sock, {"spawned": req["spawn"], "pid": pid})
                 finally:
                     for fd in fds:
                         os.close(fd)
@@ -178,9 +204,25 @@ def _end_children(children: set[int], grace_s: float, wake_r: int) -> None:
 
 def _req_id(msg: bytes):
     try:
-        return json.loads(msg).get("spawn")
+        req = json.loads(msg)
+        return req.get("spawn", req.get("share"))
     except (ValueError, AttributeError):
         return None
+
+
+def _share_run(config_path: str, roster_path: str) -> None:
+    """For the children forked from now on: the plan of the config at ``config_path``
+    (``families.share_plan``; on one BLAS thread, as a peer makes it: the same bits) and the
+    roster at ``roster_path`` (``roster.share_roster``), frozen with the rest (module doc)."""
+    from coordinator_free import config as config_mod
+    from coordinator_free import roster as roster_mod
+    from coordinator_free.blas import one_thread
+    from coordinator_free.families import share_plan
+
+    with one_thread():
+        share_plan(config_mod.load(config_path))
+    roster_mod.share_roster(roster_path)
+    gc.freeze()
 
 
 def _fork_child(req: dict, fds: list[int], sock: socket.socket, server_fds: tuple[int, ...]) -> int:
@@ -240,16 +282,29 @@ def _fork_child(req: dict, fds: list[int], sock: socket.socket, server_fds: tupl
         os._exit(code if isinstance(code, int) else 1)
 
 
+_parser = None
+
+
+def _peer_parser():
+    """The parser of ``cfree peer``, made once (by the server, for its children to share)."""
+    global _parser
+    if _parser is None:
+        import argparse
+
+        from coordinator_free.peer import command as peer_cli
+
+        parser = argparse.ArgumentParser(prog="cfree")
+        sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+        peer_cli.add_parser(sub)
+        _parser = parser
+    return _parser
+
+
 def _peer_command(argv: list[str]) -> int:
     """``cfree peer ...``, the one command a fork server runs (argv without the program)."""
-    import argparse
-
     from coordinator_free.peer import command as peer_cli
 
-    parser = argparse.ArgumentParser(prog="cfree")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    peer_cli.add_parser(sub)
-    return peer_cli.cmd_peer(parser.parse_args(argv))
+    return peer_cli.cmd_peer(_peer_parser().parse_args(argv))
 
 
 def _dup_above(fd: int, floor: int) -> int:
@@ -367,6 +422,10 @@ class ForkServer:
                     fut = self._spawns.pop(msg["spawned"], None)
                     if fut is not None and not fut.done():
                         fut.set_result(msg["pid"])
+                elif "shared" in msg:
+                    fut = self._spawns.pop(msg["shared"], None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(None)
                 elif "failed" in msg:
                     fut = self._spawns.pop(msg["failed"], None)
                     if fut is not None and not fut.done():
@@ -386,6 +445,25 @@ class ForkServer:
                 fut.set_exception(ForkServerError(why))
         self._spawns.clear()
         self._exits.clear()
+
+    async def share_run(self, config_path, roster_path) -> None:
+        """Have the server make the plan of the run configured at ``config_path`` and parse
+        its roster at ``roster_path`` (the files its peers' ``--config`` and ``--roster``
+        name), for the peers it forks after to share instead of each making their own (module
+        doc). Raises ForkServerError when it cannot."""
+        loop = asyncio.get_running_loop()
+        if self._reader is None:
+            self._reader = asyncio.ensure_future(self._read())
+        if self._reader.done():
+            raise ForkServerError("the fork server is not running")
+        req_id = self._next
+        self._next += 1
+        fut = loop.create_future()
+        self._spawns[req_id] = fut
+        msg = {"share": req_id, "config": os.path.abspath(config_path),
+               "roster": os.path.abspath(roster_path)}  # fmt: skip
+        await self._send_fds(json.dumps(msg).encode(), [])
+        await fut
 
     async def spawn(
         self, argv: list[str], *, pass_fds: tuple[int, ...] = (), env: dict | None = None
@@ -441,7 +519,10 @@ class ForkServer:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                socket.send_fds(self._sock, [msg], fds)
+                if fds:
+                    socket.send_fds(self._sock, [msg], fds)
+                else:
+                    self._sock.send(msg)
                 return
             except BlockingIOError:
                 ready = loop.create_future()

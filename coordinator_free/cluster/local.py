@@ -102,22 +102,23 @@ def check_loopback(host: str) -> None:
         )
 
 
-#: What one peer process costs beyond its copy of the plan, in MiB of PSS (its share of the
-#: pages it shares with others counted pro rata), with a margin over what was measured: 15.5
-#: MiB each for a muffliato ring of 64 forked peers (tests/test_memory.py measures it again),
-#: 66 MiB each for 16 fresh interpreters (``--spawn exec``; ``cfree lab run`` starts every
-#: peer so). With the plan, 2000 forked peers come to about 48 MiB each: measured, about 45 MB
-#: each at start.
-PEER_BASE_MIB = {"fork": 18.0, "exec": 72.0}
+#: What one peer process costs, in MiB, with a margin over what was measured (the default
+#: hypercube, 20 steps; bench/bench_run_memory.py): PSS (its share of the pages it shares with
+#: others counted pro rata) plus the kernel's memory for it (page tables, kernel stack,
+#: sockets: about 1 MiB, in no PSS). A forked peer: 9.5 MiB of PSS at 1024 peers, 9.4 at 256,
+#: 10 to 11.5 at 64 (tests/test_memory.py measures it again), counted as 13; the plan is
+#: shared with the fork server (counted once, :class:`MemoryEstimate`). A fresh interpreter
+#: (``--spawn exec``; ``cfree lab run`` starts every peer so): 66 MiB each for 16, counted as
+#: 72, plus its own copy of the plan.
+PEER_BASE_MIB = {"fork": 13.0, "exec": 72.0}
 #: The share of the machine's available memory a run may plan to use: the launcher, the
 #: auditor afterwards and everything else keep the rest.
 MEMORY_SHARE = 0.8
 
 
 def plan_nbytes(plan) -> int:
-    """The bytes of the numpy arrays a plan holds (each counted once): every peer builds its own
-    copy of the plan, so this is what a peer holds beyond :data:`PEER_BASE_MIB`. A Muffliato
-    ring of n nodes holds an n x n float64 matrix: 31 MiB at n = 2000."""
+    """The bytes of the numpy arrays a plan holds (each counted once). A Muffliato ring of n
+    nodes holds an n x n float64 matrix: 31 MiB at n = 2000."""
     seen: set[int] = set()
     total = 0
     stack = [plan]
@@ -156,6 +157,10 @@ def available_memory() -> int | None:
 
 @dataclass
 class MemoryEstimate:
+    """What a run's peers take: ``base_bytes`` each (:data:`PEER_BASE_MIB`) and the plan,
+    ``plan_bytes``: once when the peers are forked (the fork server makes it and every peer
+    shares its pages), once per peer when each is a fresh interpreter that makes its own."""
+
     peers: int
     spawn: str
     base_bytes: int
@@ -163,12 +168,16 @@ class MemoryEstimate:
     available_bytes: int | None
 
     @property
+    def shared_plan(self) -> bool:
+        return self.spawn == "fork"
+
+    @property
     def per_peer_bytes(self) -> int:
-        return self.base_bytes + self.plan_bytes
+        return self.base_bytes + (0 if self.shared_plan else self.plan_bytes)
 
     @property
     def total_bytes(self) -> int:
-        return self.peers * self.per_peer_bytes
+        return self.peers * self.per_peer_bytes + (self.plan_bytes if self.shared_plan else 0)
 
     @property
     def fits(self) -> bool:
@@ -213,12 +222,20 @@ def check_memory(cfg: Config, plan, *, spawn: str = "fork", allow: bool = False)
     if est.fits or allow or not family_of(cfg.protocol.name).has_peers(cfg):
         return est
     gib = 2**30
-    kind = "forked peer" if spawn == "fork" else "peer interpreter"
+    if est.shared_plan:
+        each = (
+            f"{est.per_peer_bytes / 2**20:.1f} MiB per forked peer (measured, with a margin), "
+            f"and {est.plan_bytes / 2**20:.1f} MiB for the plan they share"
+        )
+    else:
+        each = (
+            f"{est.per_peer_bytes / 2**20:.1f} MiB each: {PEER_BASE_MIB[spawn]:g} MiB per peer "
+            f"interpreter (measured, with a margin) + {est.plan_bytes / 2**20:.1f} MiB for its "
+            "copy of the plan"
+        )
     raise LaunchError(
         f"{size_keys(cfg, plan.n)}: {plan.n} peer processes need about "
-        f"{est.total_bytes / gib:.1f} GiB ({est.per_peer_bytes / 2**20:.1f} MiB each: "
-        f"{PEER_BASE_MIB[spawn]:g} MiB per {kind} (measured, with a margin) "
-        f"+ {est.plan_bytes / 2**20:.1f} MiB for its copy of the plan), more than "
+        f"{est.total_bytes / gib:.1f} GiB ({each}), more than "
         f"{MEMORY_SHARE:.0%} of the {est.available_bytes / gib:.1f} GiB this machine has "
         f"available; nothing was started. Lower the size, or pass {MEMORY_FLAG} to start anyway"
     )
@@ -268,9 +285,15 @@ class ProgressDisplay:
         # step): the line names whom the run waits for, and since when.
         self.seen = [self._t0] * n
         self.exited: dict[int, int] = {}
+        self._drawn = float("-inf")
 
     #: A node silent this long while the others wait for it is named on the line.
     SILENT_S = 3.0
+    #: The line is drawn at most this often as events come (each drawing looks at every node:
+    #: with 512 peers, drawing at every event took the launcher 2.5 s of CPU, 1.1 s in all
+    #: drawn so); what comes in between shows at the next event, at the redraw every second
+    #: (:func:`_redraw`) and at the end.
+    DRAW_S = 0.1
 
     def waiting(self, now: float) -> tuple[list[int], float]:
         """The nodes the run waits for (still running, not finished, at the lowest step; a
@@ -320,6 +343,9 @@ class ProgressDisplay:
         if not self.enabled:
             return
         now = time.monotonic()
+        if not final and now - self._drawn < self.DRAW_S:
+            return
+        self._drawn = now
         gone = self.gone()
         live = [self.step[v] for v in range(self.n) if v not in gone] or self.step
         low = max(self.step) if self.token else min(live)
@@ -366,6 +392,64 @@ async def _redraw(display: ProgressDisplay, every_s: float = 1.0) -> None:
         display.render()
 
 
+class StartGate:
+    """The start signal of a run's peers: a pipe whose read end every peer gets (``cfree peer
+    --start-fd``) and whose write end the launcher closes once every peer has connected to its
+    neighbours or has ended, or ``wait_s`` after every peer was listening (or had ended),
+    whichever comes first (or when the launcher ends).
+
+    Started one after the other, the peers of a large run come up over a minute or more on a
+    small machine (1024 forked peers: 60 s on 2 loaded cores). A peer dials its neighbours as
+    soon as it is up (the handshakes spread over the start), but its connect timeout counts,
+    and its first step waits, from the signal. Without it, the first peers gave up on the last
+    ones (connect timeout), or missed the first value of a neighbour that was connected but
+    still waiting for its own neighbours (step deadline)."""
+
+    def __init__(self, n: int):
+        self.read_fd, self._write_fd = os.pipe()
+        self._listening: set[int] = set(range(n))
+        self._connecting: set[int] = set(range(n))
+        self._all_listening = asyncio.Event()
+        self._all_connected = asyncio.Event()
+        self._note(set(), self._listening, self._all_listening)
+
+    @staticmethod
+    def _note(nodes: set[int], waiting: set[int], done: asyncio.Event) -> None:
+        waiting -= nodes
+        if not waiting:
+            done.set()
+
+    def event(self, node: int, kind: str) -> None:
+        """What node ``node`` reported ("listening", "connected", "failed"), or "exited"."""
+        if kind in ("listening", "connected", "failed", "exited"):
+            self._note({node}, self._listening, self._all_listening)
+        if kind in ("connected", "failed", "exited"):
+            self._note({node}, self._connecting, self._all_connected)
+
+    def spawned(self) -> None:
+        """Every peer has its copy of the read end: the launcher's is closed."""
+        if self.read_fd >= 0:
+            os.close(self.read_fd)
+            self.read_fd = -1
+
+    async def open_when_ready(self, wait_s: float) -> None:
+        await self._all_listening.wait()
+        try:
+            await asyncio.wait_for(self._all_connected.wait(), wait_s)
+        except TimeoutError:
+            pass
+        self.open()
+
+    def open(self) -> None:
+        if self._write_fd >= 0:
+            os.close(self._write_fd)
+            self._write_fd = -1
+
+    def close(self) -> None:
+        self.spawned()
+        self.open()
+
+
 async def _watch_peer(
     node: int,
     proc: asyncio.subprocess.Process,
@@ -373,6 +457,7 @@ async def _watch_peer(
     display: ProgressDisplay,
     stderr_path: Path,
     on_event: Callable[[int, dict, int], None] | None,
+    gate: StartGate | None = None,
 ) -> None:
     async def pump_stdout():
         assert proc.stdout is not None
@@ -392,6 +477,9 @@ async def _watch_peer(
                 display.update(ev)
                 if on_event is not None:
                     on_event(node, ev, proc.pid)
+                # After on_event: a fault it injects at "connected" lands before the signal.
+                if gate is not None:
+                    gate.event(node, str(ev.get("event")))
 
     async def pump_stderr():
         assert proc.stderr is not None
@@ -405,6 +493,8 @@ async def _watch_peer(
 
     await asyncio.gather(pump_stdout(), pump_stderr())
     outcome.returncode = await proc.wait()
+    if gate is not None:
+        gate.event(node, "exited")
     display.update({"event": "exited", "node": node})
 
 
@@ -414,11 +504,16 @@ async def _watch_peer(
 STEP_EVENTS_S = 0.1
 
 
-def peer_argv(out_dir: Path, node: int, progress_every: float = 0.0) -> list[str]:
+def peer_argv(
+    out_dir: Path, node: int, progress_every: float = 0.0, start_fd: int | None = None
+) -> list[str]:
     """The ``cfree peer`` command line of ``node`` in the run directory ``out_dir`` (config,
     roster and keys already there), reporting progress as JSON lines on its stdout (step
-    events at most every ``progress_every`` seconds; 0: every step)."""
+    events at most every ``progress_every`` seconds; 0: every step), taking its first step
+    once ``start_fd`` reads end-of-file (:class:`StartGate`) when given."""
     every = ["--progress-every", f"{progress_every:g}"] if progress_every else []
+    if start_fd is not None:
+        every += ["--start-fd", str(start_fd)]
     return [
         sys.executable, "-m", "coordinator_free", "peer",
         "--config", str(rundir.config_path(out_dir)),
@@ -460,10 +555,13 @@ async def supervise_peers(
     With a ``forkserver``, each peer is forked from it (the command must then be the plain
     ``cfree peer`` one, not wrapped) instead of starting a fresh interpreter.
     Peers still running at ``timeout_s`` are killed, and so is every peer still running when
-    this coroutine ends in any other way (error, Ctrl-C, cancellation).
+    this coroutine ends in any other way (error, Ctrl-C, cancellation). The peers take their
+    first step together, once all are connected (:class:`StartGate`).
     """
     n = plan.n
     procs: list = []  # asyncio subprocesses, or ForkedProcess
+    gate = StartGate(n)
+    opener = None
     try:
         rundir.logs_dir(out_dir).mkdir(exist_ok=True)
         display = ProgressDisplay(
@@ -478,8 +576,9 @@ async def supervise_peers(
         watchers = []
         display.render()  # "up 0/n" until the peers report in
         for i in range(n):
-            base = peer_argv(out_dir, i, every)
+            base = peer_argv(out_dir, i, every, gate.read_fd)
             argv, fds = command(i, base)
+            fds = (*fds, gate.read_fd)
             if forkserver is not None:
                 if argv[:4] != base[:4]:
                     raise LaunchError(f"the fork server runs `cfree peer`, not {argv[0]}")
@@ -498,10 +597,18 @@ async def supervise_peers(
             watchers.append(
                 asyncio.ensure_future(
                     _watch_peer(
-                        i, proc, outcomes[i], display, rundir.stderr_path(out_dir, i), on_event
+                        i,
+                        proc,
+                        outcomes[i],
+                        display,
+                        rundir.stderr_path(out_dir, i),
+                        on_event,
+                        gate,
                     )
                 )
             )
+        gate.spawned()
+        opener = asyncio.ensure_future(gate.open_when_ready(cfg.network.connect_timeout_s))
         if after_spawn is not None:
             after_spawn()
         if timeout_s is None:
@@ -534,6 +641,9 @@ async def supervise_peers(
                     o.error = tail
         return LocalRun(out_dir=out_dir, outcomes=outcomes, wall_s=time.monotonic() - t0)
     finally:
+        gate.close()
+        if opener is not None:
+            opener.cancel()
         # Interrupted (Ctrl-C, cancellation) or failed while spawning: never leave peer
         # processes behind. Every one is killed first, then all are awaited together under one
         # deadline (one at a time, a run of hundreds took a minute to end).
@@ -576,6 +686,8 @@ async def launch_peers(
         hosts = [(cfg.network.host, s.getsockname()[1]) for s in socks]
         ros = roster_mod.generate_keys(n, out_dir / "keys", hosts=hosts, name=cfg.run.name)
         roster_mod.save_roster(rundir.roster_path(out_dir), ros)
+        if server is not None:  # the plan and the roster, made once for every peer to share
+            await server.share_run(rundir.config_path(out_dir), rundir.roster_path(out_dir))
 
         def with_socket(i: int, argv: list[str]) -> tuple[list[str], tuple[int, ...]]:
             fd = socks[i].fileno()

@@ -70,6 +70,7 @@ from coordinator_free.net.channel import (
     HandshakeCut,
     HandshakeError,
     MessageReceived,
+    RosterKeys,
     SecureChannel,
     cipher_suites,
     dup_dial_action,
@@ -328,16 +329,17 @@ def _checked_identity(
     neighbours: Iterable[int],
     max_frame: int,
     cipher: str,
-) -> tuple[dict[int, bytes], Any, frozenset[int]]:
+) -> tuple[RosterKeys, Any, frozenset[int]]:
     """The roster (id -> public key bytes), the cipher suites and the neighbours of a
     :class:`PeerNet`, after checking them: the neighbours are other nodes of the roster, and
     ids, keys, run id and frame size pass the channel's own checks. Raises ValueError."""
-    roster = {nid: bytes(pub) for nid, pub in roster_keys.items()}
+    # Checked here once (by the channel's own checks, below), not again by every channel.
+    roster = RosterKeys(roster_keys)
     suites = cipher_suites(cipher)  # raises ValueError naming the choices
     nbrs = frozenset(neighbours)
     if node_id in nbrs:
         raise ValueError(f"node {node_id} lists itself as a neighbour")
-    unknown = sorted(nbrs - roster.keys())
+    unknown = sorted(p for p in nbrs if p not in roster)
     if unknown:
         raise ValueError(f"neighbour(s) {unknown} of node {node_id} are not in the roster")
     # Validates ids, keys, run_id and max_frame with the channel's own checks.

@@ -38,6 +38,14 @@ def add_parser(sub) -> None:
     p.add_argument("--listen-fd", type=int, help="inherited listening socket (set by the launcher)")
     p.add_argument("--progress-fd", type=int, help="write JSON-lines progress events to this fd")
     p.add_argument(
+        "--start-fd",
+        type=int,
+        metavar="FD",
+        help="the local launcher's start signal: end-of-file on this inherited descriptor once "
+        "every peer of the run has connected. The connect timeout counts, and the first step "
+        "waits, from then",
+    )
+    p.add_argument(
         "--progress-every",
         type=_seconds,
         default=0.0,

@@ -42,9 +42,9 @@ from coordinator_free.engine.events import (
     Send,
 )
 from coordinator_free.engine.events import Progress as ProgressAction
-from coordinator_free.families import family_of
+from coordinator_free.families import family_of, shared_plan
 from coordinator_free.faults import nan_message
-from coordinator_free.net.transport import PeerNet
+from coordinator_free.net.transport import PeerNet, PeerUnreachable
 from coordinator_free.viewlog import ViewLogWriter
 
 log = logging.getLogger("coordinator_free.peer")
@@ -130,7 +130,11 @@ async def run_peer(
     *,
     listen_sock: socket.socket | None = None,
     progress: Progress | None = None,
+    start_fd: int | None = None,
 ) -> PeerResult:
+    """Run node ``node_id`` to its end. ``start_fd``: the launcher's start signal
+    (:func:`wait_for_start`); the connect timeout counts, and the first step waits, until it
+    comes."""
     progress = progress or Progress(None)
     family = family_of(cfg.protocol.name)
     if not family.has_peers(cfg):
@@ -138,7 +142,10 @@ async def run_peer(
             f"{cfg.protocol.name} is the trusted-curator baseline: it runs in one process "
             "(cfree run or cfree simulate), not as peers"
         )
-    plan = family.make_plan(cfg)
+    # Forked from a fork server that made this run's plan: that one, shared.
+    plan = shared_plan(cfg)
+    if plan is None:
+        plan = family.make_plan(cfg)
     if plan.n != len(roster.entries):
         raise PeerFailure(
             f"the config describes {plan.n} nodes but the roster lists {len(roster.entries)}"
@@ -189,15 +196,20 @@ async def run_peer(
     )
     t_start = time.monotonic()
     loop = asyncio.get_running_loop()
+    started = None
     try:
         injector.install(loop)
         addr = await net.start(listen_sock)
         vlog.write("listen", host=addr[0], port=addr[1])
         progress.emit(event="listening", node=node_id, port=addr[1])
-        await net.connect(cfg.network.connect_timeout_s)
+        if start_fd is not None:
+            started = asyncio.ensure_future(wait_for_start(start_fd))
+        await connect(net, cfg.network.connect_timeout_s, started)
         channels = channel_addresses(net, neighbours)
         vlog.write("connected", peers=neighbours)
         progress.emit(event="connected", node=node_id)
+        if started is not None:
+            await started  # the first step, and its deadline, once every peer is connected
 
         engine = family.node_engine(cfg, plan, node_id, own)
         outgoing = injector.outgoing if injector.nan_steps else None
@@ -215,9 +227,55 @@ async def run_peer(
         progress.emit(event="finished", node=node_id, elapsed_s=time.monotonic() - t_start)
         return result
     finally:
+        if started is not None and not started.done():
+            started.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await started
         injector.uninstall(loop)
         await net.close()
         vlog.close()
+
+
+async def wait_for_start(fd: int) -> float:
+    """Wait until the descriptor ``fd`` is readable, close it and return the loop's time then.
+    It is the local launcher's start signal (end of file once it closes its end, when every
+    peer of the run has connected): the peers of a large run come up one after the other over
+    a minute or more on a small machine, and the ones up first would otherwise give up on the
+    last ones (connect timeout) or miss their first values (step deadline)."""
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    loop.add_reader(fd, _settle, ready)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+    return loop.time()
+
+
+def _settle(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+async def connect(net, timeout: float, started: asyncio.Future | None = None) -> None:
+    """Connect to every neighbour within ``timeout`` seconds (PeerUnreachable otherwise),
+    counted from the start signal ``started`` (:func:`wait_for_start`) when there is one:
+    until it comes, the run is still starting its peers, and the neighbours not up yet are
+    dialled again and again."""
+    loop = asyncio.get_running_loop()
+    while True:
+        left = timeout
+        if started is not None and started.done():
+            left = started.result() + timeout - loop.time()
+        try:
+            await net.connect(left)
+            return
+        except PeerUnreachable as exc:
+            if started is None:
+                raise
+            if started.done() and loop.time() >= started.result() + timeout:
+                raise PeerUnreachable(exc.errors, timeout) from None
 
 
 def link_faults(cfg: Config, node_id: int):
@@ -514,6 +572,13 @@ def _peer_main(args) -> int:
         except (ValueError, OSError) as exc:
             print(f"cfree peer: --listen {args.listen}: {exc}", file=sys.stderr)
             return 2
+    start_fd = getattr(args, "start_fd", None)
+    if start_fd is not None:
+        try:
+            os.fstat(start_fd)
+        except OSError as exc:
+            print(f"cfree peer: --start-fd {start_fd}: {exc.strerror}", file=sys.stderr)
+            return 2
     progress = Progress(args.progress_fd, args.progress_every)
     from coordinator_free.peer import budget
 
@@ -535,7 +600,14 @@ def _peer_main(args) -> int:
         try:
             _run_loop(
                 run_peer(
-                    cfg, ros, args.id, key, Path(args.out), listen_sock=sock, progress=progress
+                    cfg,
+                    ros,
+                    args.id,
+                    key,
+                    Path(args.out),
+                    listen_sock=sock,
+                    progress=progress,
+                    start_fd=start_fd,
                 )
             )
         except Exception as exc:  # report the cause, never a silent hang
