@@ -446,18 +446,24 @@ class ForkServer:
         self._spawns.clear()
         self._exits.clear()
 
-    async def share_run(self, config_path, roster_path) -> None:
-        """Have the server make the plan of the run configured at ``config_path`` and parse
-        its roster at ``roster_path`` (the files its peers' ``--config`` and ``--roster``
-        name), for the peers it forks after to share instead of each making their own (module
-        doc). Raises ForkServerError when it cannot."""
-        loop = asyncio.get_running_loop()
+    def _request_id(self) -> int:
+        """The id of a new request to the server, its replies read from now on; raises
+        ForkServerError when the server is not running."""
         if self._reader is None:
             self._reader = asyncio.ensure_future(self._read())
         if self._reader.done():
             raise ForkServerError("the fork server is not running")
         req_id = self._next
         self._next += 1
+        return req_id
+
+    async def share_run(self, config_path, roster_path) -> None:
+        """Have the server make the plan of the run configured at ``config_path`` and parse
+        its roster at ``roster_path`` (the files its peers' ``--config`` and ``--roster``
+        name), for the peers it forks after to share instead of each making their own (module
+        doc). Raises ForkServerError when it cannot."""
+        loop = asyncio.get_running_loop()
+        req_id = self._request_id()
         fut = loop.create_future()
         self._spawns[req_id] = fut
         msg = {"share": req_id, "config": os.path.abspath(config_path),
@@ -471,12 +477,7 @@ class ForkServer:
         """Fork a child running ``cfree <argv>`` (a ``cfree peer`` command) with stdin from /dev/null, stdout and stderr to
         pipes (read as ``.stdout`` and ``.stderr``), and ``pass_fds`` under the same numbers."""
         loop = asyncio.get_running_loop()
-        if self._reader is None:
-            self._reader = asyncio.ensure_future(self._read())
-        if self._reader.done():
-            raise ForkServerError("the fork server is not running")
-        req_id = self._next
-        self._next += 1
+        req_id = self._request_id()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         devnull = os.open(os.devnull, os.O_RDONLY)
