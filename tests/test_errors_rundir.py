@@ -334,3 +334,23 @@ def test_cli_and_launchers_know_no_protocol_by_name():
     # collect_results in cluster/local.py chooses by family until it moves into the families.
     offenders = [o for o in offenders if not o.startswith("cluster/local.py")]
     assert offenders == []
+
+
+def test_indented_json_is_the_same_value_with_deep_containers_on_one_line(tmp_path):
+    from coordinator_free.rundir import dumps_json
+
+    shallow = {"a": [1, 2.5, "é\n"], "b": {}, "c": [], 3: None, True: 1.0, None: [{"x": 1}]}
+    # Down to the one-line depth the layout is json.dumps(indent=1)'s, byte for byte.
+    assert dumps_json(shallow) == json.dumps(shallow, indent=1)
+    deep = {"observers": [{"observer": 0, "losses": [{"source": 1, "eps": 0.5, "ok": [1, 2]}]}]}
+    text = dumps_json(deep)
+    assert json.loads(text) == deep
+    assert '    {"source": 1, "eps": 0.5, "ok": [1, 2]}' in text.splitlines()
+    for value in (float("inf"), [[[[[1, (2, 3)]]]]], "x", 7, [], {}):
+        assert json.loads(dumps_json(value)) == json.loads(json.dumps(value))
+    for bad, where in (({"a": np.float32(1)}, "float32"), ({(1, 2): 3}, "tuple")):
+        with pytest.raises(TypeError, match=where):
+            dumps_json(bad)
+    with pytest.raises(TypeError):  # a value JSON cannot hold writes nothing
+        rundir.write_json(tmp_path / "bad.json", [[[[{"x": object()}]]]])
+    assert not (tmp_path / "bad.json").exists()

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import signal
 
 from coordinator_free.accounting.render import fmt as _fmt
 from coordinator_free.accounting.render import table as _table
 from coordinator_free.errors import UsageError
 from coordinator_free.helptext import HelpFormatter, examples  # noqa: F401 (re-exported)
+from coordinator_free.rundir import dumps_json
 
 __all__ = [
     "CliError",
@@ -126,7 +126,7 @@ def deploy_config(args, command: str, carrier: str):
 def _emit(args, report: dict, printer) -> int:
     """JSON on stdout with --json, else the human rendering."""
     if args.json:
-        print(json.dumps(report, indent=1))
+        print(dumps_json(report))
     else:
         printer(report)
     return 0
