@@ -257,10 +257,48 @@ class _Unrecoverable:
         raise StreamsError(f"node {self.node}'s streams cannot be rebuilt: {self._why}")
 
 
+#: The last run whose streams :func:`streams_of_run` rebuilt: (what its files were, the streams).
+_last_streams: tuple[tuple, PerNodeStreams] | None = None
+
+
+def _files_state(run_dir, n: int) -> tuple:
+    """What :func:`streams_of_run` reads, as the file system describes it (path, size,
+    modification time of the roster, the keys directory and every view log): equal states
+    give equal streams."""
+    import os
+    from pathlib import Path
+
+    paths = [rundir.roster_path(run_dir), rundir.keys_dir(run_dir)]
+    paths += [rundir.log_path(run_dir, v) for v in range(n)]
+    state: list = [str(Path(run_dir).resolve()), n]
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except OSError:
+            state.append(None)
+        else:
+            state.append((st.st_size, st.st_mtime_ns, st.st_ino))
+    return tuple(state)
+
+
 def streams_of_run(run_dir, n: int) -> PerNodeStreams:
     """The node streams of a local run directory: every private key under keys/, each node's
     nonce and config digest from the ``streams`` record of its view log. A node that never
-    wrote one (it did not start) raises :class:`StreamsError` when its streams are used."""
+    wrote one (it did not start) raises :class:`StreamsError` when its streams are used.
+
+    Reading every view log is most of the cost; the launcher asks twice after a run (the
+    inputs, the simulator), so the last run's streams are kept while none of its files
+    changed."""
+    global _last_streams
+    state = _files_state(run_dir, n)
+    if _last_streams is not None and _last_streams[0] == state:
+        return _last_streams[1]
+    streams = _read_streams_of_run(run_dir, n)
+    _last_streams = (state, streams)
+    return streams
+
+
+def _read_streams_of_run(run_dir, n: int) -> PerNodeStreams:
     from pathlib import Path
 
     from coordinator_free import roster as roster_mod

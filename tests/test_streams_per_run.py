@@ -152,8 +152,13 @@ def test_streams_of_run_names_a_node_without_a_nonce(tmp_path):
     key_dir = tmp_path / "keys"
     ros = roster_mod.generate_keys(N, key_dir)
     run_with(cfg, ros, key_dir, tmp_path / "run")
+    # Asked twice about unchanged files, the launcher reads the logs once; a change is seen.
+    first = seeds.streams_of_run(tmp_path / "run", N)
+    assert seeds.streams_of_run(tmp_path / "run", N) is first
+    first.stream(seeds.PURPOSE_DATA, 2)
     rundir.log_path(tmp_path / "run", 2).unlink()
     s = seeds.streams_of_run(tmp_path / "run", N)
+    assert s is not first
     s.stream(seeds.PURPOSE_DATA, 1)  # the others are intact
     with pytest.raises(seeds.StreamsError, match="node 2's streams cannot be rebuilt"):
         s.stream(seeds.PURPOSE_DATA, 2)
