@@ -49,6 +49,10 @@ class UsageError(InputError, ValueError):
     """A command-line argument or a combination of them that cannot be used."""
 
 
+class LaunchError(CfreeError, RuntimeError):
+    """Peers that could not be started or supervised as asked (``cluster.local``)."""
+
+
 def exit_code_of(exc: BaseException) -> int | None:
     """The exit code an exception stands for, or None if it is not one of ``cfree``'s."""
     if isinstance(exc, CfreeError):

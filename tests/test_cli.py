@@ -134,3 +134,17 @@ def test_a_closed_stdout_ends_quietly():
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == cli.EXIT_BROKEN_PIPE
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_the_command_line_loads_without_the_launcher_or_scipy():
+    """`cfree --help` and the parser of every command import neither the launcher (and the
+    families and accountants it brings) nor scipy: they load when a command needs them."""
+    code = (
+        "import sys; from coordinator_free import cli; cli.build_parser(); "
+        "heavy = [m for m in ('scipy', 'coordinator_free.cluster.local', "
+        "'coordinator_free.accounting.loss') if m in sys.modules]; print(heavy)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]", out.stdout

@@ -37,16 +37,11 @@ from coordinator_free import roster as roster_mod
 from coordinator_free import rundir, seeds
 from coordinator_free.cluster.forkserver import ForkServer
 from coordinator_free.config import Config
-from coordinator_free.errors import CfreeError
+from coordinator_free.errors import CfreeError, LaunchError  # noqa: F401  (re-exported)
 from coordinator_free.families import family_of, make_plan
 from coordinator_free.families.averaging import protocol as mf
 from coordinator_free.families.learning.protocol import models_path
 from coordinator_free.verdict import read_result
-
-
-class LaunchError(CfreeError, RuntimeError):
-    pass
-
 
 #: How ``cfree run`` starts its peers: forked from a fork server (default), or as fresh
 #: interpreters.

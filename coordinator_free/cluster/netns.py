@@ -44,12 +44,15 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from coordinator_free import roster as roster_mod
 from coordinator_free import rundir
-from coordinator_free.cluster.local import LaunchError, LocalRun, supervise_peers
-from coordinator_free.config import Config
-from coordinator_free.families import family_of, make_plan
+from coordinator_free.errors import LaunchError
+
+if TYPE_CHECKING:  # the launcher and the families load on first use: `cfree lab --help` stays light
+    from coordinator_free.cluster.local import LocalRun
+    from coordinator_free.config import Config
 
 DEFAULT_NAME = "cfree"
 DEFAULT_SUBNET = "10.213.0.0/16"
@@ -600,6 +603,9 @@ async def launch_peers_in_lab(
     ``on_event(node, event, pid)`` is called for every progress event a peer reports; ``pid`` is
     the peer's own process.
     """
+    from coordinator_free.cluster.local import supervise_peers
+    from coordinator_free.families import family_of, make_plan
+
     plan = make_plan(cfg)
     n = plan.n
     if not family_of(cfg.protocol.name).has_peers(cfg):
