@@ -271,19 +271,29 @@ class StepEngine:
 
     # ------------------------------------------------------------------ exchange
 
-    def _send_value(self, peer: int, step: int, value: np.ndarray, sha: str | None = None) -> None:
+    def _send_value(
+        self,
+        peer: int,
+        step: int,
+        value: np.ndarray,
+        sha: str | None = None,
+        msg: Message | None = None,
+    ) -> None:
         sha = digest(value) if sha is None else sha
-        on_sent = Log("send", {"step": step, "peer": peer, "digest": sha})
-        on_sent.fields["nbytes"] = value.nbytes
-        self.out.send(peer, Message(kind="value", round=0, step=step, payload=value), on_sent)
+        on_sent = Log("send", {"step": step, "peer": peer, "digest": sha, "nbytes": value.nbytes})
+        if msg is None:
+            msg = Message(kind="value", round=0, step=step, payload=value)
+        self.out.send(peer, msg, on_sent)
 
     def _begin_exchange(self, req: Exchange, now: float) -> None:
         t = req.t
         partners = self.partners_at(t)
-        sha = digest(req.value)  # one value to every partner: one digest
+        # One value to every partner: one digest, one message (the driver encodes it once).
+        sha = digest(req.value)
+        msg = Message(kind="value", round=0, step=t, payload=req.value)
         for w in partners:
             if w not in self.down and w not in self.finished_peers:
-                self._send_value(w, t, req.value, sha)
+                self._send_value(w, t, req.value, sha, msg)
         self._got = {w: self.buffered.pop((t, w)) for w in partners if (t, w) in self.buffered}
         self._partners = partners
         self._phase, self._until = "exchange", now + self.deadline

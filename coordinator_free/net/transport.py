@@ -654,12 +654,18 @@ class PeerNet:
             await wait
 
     def send_now(
-        self, peer: int, msg: Message, *, timeout: float | None = None
+        self,
+        peer: int,
+        msg: Message,
+        *,
+        timeout: float | None = None,
+        parts: list | None = None,
     ) -> Coroutine[Any, Any, None] | None:
         """What :meth:`send` does without waiting: encrypt and queue ``msg`` now, and return
         None when the socket takes it without waiting (the common case), or the coroutine that
         waits (at most ``timeout``) until it has, which the caller must await. Raises
-        :class:`PeerGone` at once when there is no working channel."""
+        :class:`PeerGone` at once when there is no working channel. ``parts``: ``msg``
+        already encoded (``wire.encode_parts(msg)``), for a message sent to several peers."""
         if peer not in self._neighbours:
             raise ValueError(f"node {peer} is not a neighbour of node {self._node_id}")
         conn = self._selected.get(peer)
@@ -668,7 +674,8 @@ class PeerNet:
         if conn.writer.transport.is_closing():  # lost, and the reader has not noticed yet
             self._drop(conn, "connection lost", graceful=False)
             raise PeerGone(peer, "connection lost")
-        parts = encode_parts(msg)
+        if parts is None:
+            parts = encode_parts(msg)
         size = sum(map(len, parts))
         if size > self._max_frame - TAG_SIZE:
             raise WireError(

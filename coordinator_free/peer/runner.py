@@ -45,6 +45,7 @@ from coordinator_free.engine.events import Progress as ProgressAction
 from coordinator_free.families import family_of, shared_plan
 from coordinator_free.faults import nan_message
 from coordinator_free.net.transport import PeerNet, PeerUnreachable
+from coordinator_free.net.wire import encode_parts
 from coordinator_free.viewlog import ViewLogWriter
 
 log = logging.getLogger("coordinator_free.peer")
@@ -424,9 +425,12 @@ async def _perform(actions, net, vlog, progress, deadline, failed) -> Finish | N
             # waited for, together.
             outcomes: list = []
             waits = []
+            encoded, parts = None, None  # one message to several peers is encoded once
             for s in batch:
+                if s.message is not encoded:
+                    encoded, parts = s.message, encode_parts(s.message)
                 try:
-                    wait = net.send_now(s.peer, s.message, timeout=deadline)
+                    wait = net.send_now(s.peer, s.message, timeout=deadline, parts=parts)
                 except (ConnectionError, OSError) as exc:  # PeerGone
                     outcomes.append(exc)
                     continue
