@@ -653,6 +653,11 @@ class PeerNet:
         if wait is not None:
             await wait
 
+    def encode(self, msg: Message) -> list:
+        """``msg``'s envelope as pieces (``wire.encode_parts``), for :meth:`send_now`'s
+        ``parts`` when one message goes to several peers."""
+        return encode_parts(msg)
+
     def send_now(
         self,
         peer: int,

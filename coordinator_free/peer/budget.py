@@ -188,10 +188,6 @@ def maybe_install(node: int) -> bool:
         transport.encode_message = budget.timed("framing/codec", wire.encode_message)
     if hasattr(transport, "encode_parts"):
         transport.encode_parts = budget.timed("framing/codec", wire.encode_parts)
-    from coordinator_free.peer import runner
-
-    if hasattr(runner, "encode_parts"):  # a message to several peers, encoded once
-        runner.encode_parts = budget.timed("framing/codec", wire.encode_parts)
     transport.decode_message = budget.timed("framing/codec", wire.decode_message)
     for name in ("send", "receive_data"):
         _patch(channel.SecureChannel, name, "framing/codec", budget)

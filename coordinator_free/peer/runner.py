@@ -45,7 +45,6 @@ from coordinator_free.engine.events import Progress as ProgressAction
 from coordinator_free.families import family_of, shared_plan
 from coordinator_free.faults import nan_message
 from coordinator_free.net.transport import PeerNet, PeerUnreachable
-from coordinator_free.net.wire import encode_parts
 from coordinator_free.viewlog import ViewLogWriter
 
 log = logging.getLogger("coordinator_free.peer")
@@ -428,7 +427,7 @@ async def _perform(actions, net, vlog, progress, deadline, failed) -> Finish | N
             encoded, parts = None, None  # one message to several peers is encoded once
             for s in batch:
                 if s.message is not encoded:
-                    encoded, parts = s.message, encode_parts(s.message)
+                    encoded, parts = s.message, net.encode(s.message)
                 try:
                     wait = net.send_now(s.peer, s.message, timeout=deadline, parts=parts)
                 except (ConnectionError, OSError) as exc:  # PeerGone
