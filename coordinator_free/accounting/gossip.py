@@ -284,6 +284,9 @@ def audit_run(views: Views, run_dir: Path, cfg, plan, observers: list[int] | Non
             factors[m] = views.plan_factors(plan, m, observers=wanted)
     out_obs = []
     notes: list[dict] = []
+    # A loss is a function of its method and factor, and an audit's pairs share few factors
+    # (a symmetric graph: one per distance): each is converted once.
+    made: dict[tuple[str, float], loss.Loss] = {}
     for i, v in enumerate(wanted):
         per_method = {}
         for k, m in enumerate(METHODS):
@@ -299,7 +302,10 @@ def audit_run(views: Views, run_dir: Path, cfg, plan, observers: list[int] | Non
                 continue
             for m in METHODS:
                 f = float(per_method[m][src])
-                losses.append(u.method(m)(f).entry(source=src, method=m, distance=int(dist[src])))
+                made_f = made.get((m, f))
+                if made_f is None:
+                    made_f = made[(m, f)] = u.method(m)(f)
+                losses.append(made_f.entry(source=src, method=m, distance=int(dist[src])))
             fe, fp = float(per_method["exact"][src]), float(per_method["paper"][src])
             if fp < fe - 1e-9:
                 notes.append(
