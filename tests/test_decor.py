@@ -226,6 +226,7 @@ def test_decor_audit_applies_the_integrity_checks_of_every_family(tmp_path):
     assert kinds == [(1, "digest-mismatch")], rep["integrity"]
 
 
+@pytest.mark.slow  # a real kill, 6 to 8 s (the quick suite keeps test_integration's)
 def test_killed_peer_drops_its_pairs_and_the_audit_counts_the_realised_pairs(tmp_path):
     """SIGKILL one peer in round 3: its neighbours miss its value, drop the pair from the next
     round (logged with the reason), finish, and the audit recomputes the guarantee on the pairs

@@ -495,6 +495,7 @@ def test_learning_config_errors_exit_2_naming_the_key(capsys, overrides, expecte
 # ----------------------------------------------------------------------------- 7. a peer crash
 
 
+@pytest.mark.slow  # a real kill, 6 to 8 s (the quick suite keeps test_integration's)
 def test_killed_peer_in_learning_run_is_recorded_and_audited(tmp_path):
     """SIGKILL one peer of a muffliato-gd run early in round 1: the others finish (bounded by the
     down-grace of 2 deadlines), record the dropout, and the audit covers the survivors."""

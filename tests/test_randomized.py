@@ -296,6 +296,7 @@ def test_audit_of_fault_free_run_equals_plan(fault_free_run):
     assert F["exact"].max() == pytest.approx(1.0) and F["exact"].min() < 0.99
 
 
+@pytest.mark.slow  # a real kill, 6 to 8 s (the quick suite keeps test_integration's)
 def test_killed_peer_realised_sequence_reproduces_survivors(tmp_path):
     # tick 0.05 s: the victim's exchanges are ~40 ms apart, so the kill lands mid-run.
     cfg = config.load(
