@@ -262,13 +262,15 @@ _last_streams: tuple[tuple, PerNodeStreams] | None = None
 
 
 def _files_state(run_dir, n: int) -> tuple:
-    """What :func:`streams_of_run` reads, as the file system describes it (path, size,
-    modification time of the roster, the keys directory and every view log): equal states
-    give equal streams."""
+    """What :func:`streams_of_run` reads, as the file system describes it (size, modification
+    time and inode of the roster, every private key and every view log): equal states give
+    equal streams."""
     import os
     from pathlib import Path
 
-    paths = [rundir.roster_path(run_dir), rundir.keys_dir(run_dir)]
+    keys = rundir.keys_dir(run_dir)
+    paths = [rundir.roster_path(run_dir)]
+    paths += [rundir.key_path(keys, v) for v in range(n)]
     paths += [rundir.log_path(run_dir, v) for v in range(n)]
     state: list = [str(Path(run_dir).resolve()), n]
     for p in paths:
