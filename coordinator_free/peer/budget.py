@@ -27,9 +27,9 @@ event loop, rest   the rest of the process CPU time: the event loop and its sock
 =================  ===========================================================================
 
 With a ``PATH`` ending in ``.prof`` the node's steps run under ``cProfile`` instead (pstats
-output timed in the thread's CPU time, for finding what to count next). The counters cost about half a microsecond per wrapped call (two clock reads), charged to the
-part they wrap; the totals are per step, over the steps between the engine's start and its
-finish.
+output timed in the thread's CPU time, for finding what to count next). The counters cost
+about half a microsecond per wrapped call (two clock reads), charged to the part they wrap; the
+totals are per step, over the steps between the engine's start and its finish.
 """
 
 from __future__ import annotations
