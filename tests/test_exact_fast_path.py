@@ -125,10 +125,10 @@ def test_a_lost_basis_or_a_small_direction_is_left_to_the_reference(monkeypatch)
         mf.plan_factors(w, 6, True, method="exact", observers=[0])
 
 
-def test_threads_give_the_reference_numbers():
-    # n >= _THREADS_MIN_N: batches run on every core.
+def test_forked_children_give_the_reference_numbers():
+    # n >= _PARALLEL_MIN_N: batches run in one forked child per core.
     w = metropolis("erdos_renyi", nodes=256, p=0.04, seed=3)
-    assert w.shape[0] >= mf._THREADS_MIN_N
+    assert w.shape[0] >= mf._PARALLEL_MIN_N
     obs = list(range(0, 256, 5))
     got = mf.plan_factors(w, 8, True, method="exact", observers=obs)
     ref = reference(w, 8, True, observers=obs)

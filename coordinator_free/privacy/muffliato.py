@@ -756,9 +756,7 @@ def _local_leverages(
     are column slices that the small products read in place, the sparse product reads the last
     block, and the Gram matrix is one symmetric rank-r update of that array (no copy). The
     leverages of a few sources are triangular solves of their rows; of many, the squared rows of
-    ``Q U^{-1}``, computed block column by block column (U^{-1} is triangular). The large
-    products go through numpy, which releases the interpreter lock while BLAS runs (scipy's BLAS
-    wrappers do not): the observers of the other threads go on meanwhile.
+    ``Q U^{-1}``, computed block column by block column (U^{-1} is triangular).
     """
     rows: list[np.ndarray | None] = []
     buf = out = np.empty(0)
@@ -827,8 +825,7 @@ def _local_leverage(
             np.matmul(z, np.ascontiguousarray(inv), out=new)
         last = np.ascontiguousarray(new)
         lo, hi = (hi - k if j > 1 else 0), hi + k
-    # G = Q^T Q, one symmetric rank-r update. numpy's product runs without the interpreter lock
-    # (the other threads' observers go on meanwhile); scipy's BLAS wrappers hold it.
+    # G = Q^T Q, one symmetric rank-r update (numpy's product of an array with its own transpose).
     r = q.shape[1]
     g = q.T @ q
     g.flat[:: r + 1] -= 1.0
@@ -874,33 +871,45 @@ def _observers_factors(
     return rows
 
 
-#: Below this many nodes the per-observer loops run in the calling thread (threads cost more
-#: than they save on small graphs).
-_THREADS_MIN_N = 256
+#: Below this many nodes the observers run in the calling process (forking costs more than it
+#: saves on small graphs).
+_PARALLEL_MIN_N = 256
 
 
-def _map_observers(fn, items: list, n: int):
-    """``fn(item)`` for every item (a batch of observers), in order; on a graph of at least
-    ``_THREADS_MIN_N`` nodes spread over one thread per available core. The large products are
-    numpy's, which release the GIL while BLAS runs (scipy's BLAS and LAPACK wrappers hold it, so
-    the fast path gives them nothing larger than r x r); BLAS is held to one thread meanwhile so the
-    threads do not oversubscribe the cores. Each observer's row is computed on its own, the same
-    way in any thread."""
-    import os
-    from concurrent.futures import ThreadPoolExecutor
+def _fill_observers(fn, batches: list[list[int]], out: np.ndarray, n: int) -> None:
+    """``out[batch] = fn(batch)`` for every batch of observers (rows of ``out``). On a graph of at
+    least ``_PARALLEL_MIN_N`` nodes the batches are spread over one forked child per core
+    (:mod:`coordinator_free.forkwork`; scipy's sparse products and its BLAS and LAPACK wrappers
+    hold the interpreter lock, so threads shared them poorly), with BLAS held to one thread in
+    each so they do not oversubscribe the cores. Each observer's row is computed on its own, the
+    same way in any process."""
+    import scipy.linalg  # noqa: F401 - loaded before the limit below, so that it applies to it
 
+    from coordinator_free import forkwork
     from coordinator_free.blas import one_thread
 
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    workers = min(cores, len(items))
-    if n < _THREADS_MIN_N or workers < 2:
-        yield from map(fn, items)
+    total = sum(len(b) for b in batches)
+    count = 0
+
+    def done(i: int) -> None:
+        nonlocal count
+        for _ in batches[i]:
+            count += 1
+            progress.tick(count, total, "exact loss, observer")
+
+    if n < _PARALLEL_MIN_N or forkwork.cores() < 2:
+        for i, batch in enumerate(batches):
+            out[batch] = fn(batch)
+            done(i)
         return
-    with one_thread(), ThreadPoolExecutor(max_workers=workers) as pool:
-        yield from pool.map(fn, items)
+    shared = forkwork.shared_array(out.shape)
+
+    def task(i: int) -> None:
+        shared[batches[i]] = fn(batches[i])
+
+    with one_thread():
+        forkwork.fill(task, len(batches), done=done)
+    out[...] = shared
 
 
 def _chebyshev_columns(ws, cols: np.ndarray, steps: int, gamma: float):
@@ -938,7 +947,7 @@ def plan_factors(
 
     ``method="exact"``: per observer the projector onto K_T(W, [e_v, e_N(v)]); accelerated and
     plain give the same result. ``F[v, v] = 1``. Observers run in batches through
-    :func:`_local_leverages` (else :func:`_lanczos_basis`), on one thread per core; one source
+    :func:`_local_leverages` (else :func:`_lanczos_basis`), on one process per core; one source
     saves the last O(n r^2) product per observer, not the basis.
     ``method="paper"``: Eq. (6) with C_t = P_t(W) (accelerated) or W^t, t = 0..T-1, via the
     sparse recursion on dense n x n (memory 3 n^2 floats), or on the columns of the observers'
@@ -983,17 +992,12 @@ def plan_factors(
             list(range(k, min(k + _LOCAL_BATCH, obs.size)))
             for k in range(0, obs.size, _LOCAL_BATCH)
         ]
-        done = 0
-        results = _map_observers(
+        _fill_observers(
             lambda idx: _observers_factors(ws, w, obs[idx].tolist(), n, steps, src, strict),
             batches,
+            out,
             n,
         )
-        for idx, rows in zip(batches, results, strict=True):
-            out[idx] = rows
-            for _ in idx:
-                done += 1
-                progress.tick(done, obs.size, "exact loss, observer")
         out[obs[:, None] == src[None, :]] = 1.0
         return out
     if method == "paper":

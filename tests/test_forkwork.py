@@ -1,0 +1,81 @@
+"""Work spread over forked children writing into shared memory (coordinator_free.forkwork)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from coordinator_free import forkwork
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_every_task_runs_once_in_a_child_and_is_reported_once():
+    count = 50
+    out = forkwork.shared_array((count, 2))
+    seen: list[int] = []
+
+    def task(i: int) -> None:
+        out[i] = (i * i, os.getpid())
+
+    forkwork.fill(task, count, workers=2, done=seen.append)
+    assert sorted(seen) == list(range(count))
+    np.testing.assert_array_equal(out[:, 0], np.arange(count) ** 2)
+    pids = set(out[:, 1].astype(int).tolist())
+    assert os.getpid() not in pids  # all ran in children ...
+    assert 1 <= len(pids) <= 2  # ... at most two of them
+    assert all(_gone(p) for p in pids)  # and every child was waited for
+
+
+def test_a_child_that_dies_leaves_its_task_to_the_parent():
+    parent = os.getpid()
+    out = forkwork.shared_array((8,))
+
+    def task(i: int) -> None:
+        if i == 3 and os.getpid() != parent:
+            os._exit(9)  # killed mid-task, nothing reported
+        out[i] = 1.0 if os.getpid() == parent else 2.0
+
+    forkwork.fill(task, 8, workers=2)
+    assert out[3] == 1.0  # run again here
+    assert np.count_nonzero(out == 0.0) == 0
+
+
+def test_an_error_raises_in_the_parent_with_its_own_type():
+    class Odd(Exception):
+        pass
+
+    def task(i: int) -> None:
+        if i == 5:
+            raise Odd(f"task {i}")
+
+    with pytest.raises(Odd, match="task 5"):
+        forkwork.fill(task, 10, workers=2)
+
+
+def test_one_worker_runs_everything_here():
+    pids = []
+    forkwork.fill(lambda i: pids.append(os.getpid()), 4, workers=1)
+    assert pids == [os.getpid()] * 4
+
+
+def test_the_planner_raises_a_rank_error_from_its_children(monkeypatch):
+    # A widened ambiguous band: every observer goes to the reference, which refuses to guess.
+    # At n >= _PARALLEL_MIN_N with more than one batch, that happens in a forked child first.
+    from coordinator_free import graphs
+    from coordinator_free.privacy import muffliato as mf
+
+    g = graphs.build_graph("erdos_renyi", nodes=256, p=0.04, seed=3)
+    w = graphs.gossip_matrix(g)
+    assert w.shape[0] >= mf._PARALLEL_MIN_N
+    monkeypatch.setattr(mf, "KEEP_TOL", 2.0)
+    with pytest.raises(mf.NumericalRankError, match="cannot tell"):
+        mf.plan_factors(w, 6, True, method="exact", observers=list(range(2 * mf._LOCAL_BATCH)))
