@@ -40,7 +40,7 @@ import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from scipy import optimize, special, stats
+from scipy import optimize, special
 
 from coordinator_free.privacy import rdp
 
@@ -469,7 +469,9 @@ def rr_exact_shuffle_delta(eps0: float, L: int, m_others: int, eps: float) -> fl
         raise ValueError("eps0 and eps must be >= 0")
     gamma = L / (math.exp(eps0) + L - 1.0)
     ee = math.exp(eps)
-    pB = stats.binom.pmf(np.arange(m_others + 1), m_others, gamma)
+    from scipy.stats import binom  # here: importing scipy.stats takes half a second
+
+    pB = binom.pmf(np.arange(m_others + 1), m_others, gamma)
     total = 0.0
     log_l = -math.log(L)
     log_rest = math.log1p(-2.0 / L) if L > 2 else -math.inf
