@@ -20,7 +20,9 @@ from threadpoolctl import threadpool_limits
 
 
 def one_thread():
-    """A context in which BLAS and LAPACK calls run on one thread."""
+    """A context in which BLAS and LAPACK calls run on one thread: those of the libraries loaded
+    when it is entered. scipy.linalg brings its own OpenBLAS: import it first, or its calls keep
+    every core (and one of its threads spins between them)."""
     return threadpool_limits(limits=1, user_api="blas")
 
 
