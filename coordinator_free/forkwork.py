@@ -123,7 +123,11 @@ def _in_children(task, count: int, workers: int, done) -> set[int]:
 def _child(task, queue_r: int, report_w: int) -> None:
     code = 1
     try:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        # The parent's handlers are not the child's: an event loop's wakeup descriptor (shared
+        # with the parent after the fork) must not hear of a signal meant for the child.
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
         while True:
             rec = os.read(queue_r, _RECORD.size)
             if not rec:

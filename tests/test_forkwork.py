@@ -79,3 +79,39 @@ def test_the_planner_raises_a_rank_error_from_its_children(monkeypatch):
     monkeypatch.setattr(mf, "KEEP_TOL", 2.0)
     with pytest.raises(mf.NumericalRankError, match="cannot tell"):
         mf.plan_factors(w, 6, True, method="exact", observers=list(range(2 * mf._LOCAL_BATCH)))
+
+
+def test_a_signal_to_a_child_does_not_reach_the_parents_event_loop():
+    # A child inherits the event loop's signal wakeup descriptor: a SIGTERM that kills the child
+    # must not run the parent's SIGTERM handler. SIGUSR1, sent to the parent afterwards, goes
+    # through the same descriptor: once its handler has run, any earlier byte has been read.
+    import asyncio
+    import signal
+
+    import uvloop
+
+    parent = os.getpid()
+    out = forkwork.shared_array((4,))
+    heard: list[str] = []
+
+    def task(i: int) -> None:
+        if i == 2 and os.getpid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+        out[i] = 1.0
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        flushed = asyncio.Event()
+        loop.add_signal_handler(signal.SIGTERM, heard.append, "TERM")
+        loop.add_signal_handler(signal.SIGUSR1, flushed.set)
+        try:
+            forkwork.fill(task, 4, workers=2)
+            os.kill(parent, signal.SIGUSR1)
+            await asyncio.wait_for(flushed.wait(), 30)
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+            loop.remove_signal_handler(signal.SIGUSR1)
+
+    uvloop.run(main())
+    assert heard == []
+    np.testing.assert_array_equal(out, np.ones(4))
