@@ -221,6 +221,34 @@ def test_exact_matches_brute_force_with_faults(case, accelerated):
         assert np.all(upper >= got - 1e-10)
 
 
+@pytest.mark.parametrize("accelerated", [False, True], ids=["plain", "cheb"])
+def test_work_shared_by_the_observers_of_one_schedule(accelerated, monkeypatch):
+    # Eq. (6) of every observer in one sweep: the same bits as one observer at a time, with
+    # every C_t computed once. The fault rows' span, computed once and passed in: the same
+    # upper bound (to roundoff), still above the exact loss.
+    _, w = metropolis("erdos_renyi", nodes=12, p=0.3)
+    n = w.shape[0]
+    sched, received = faulty_schedule(w, 5, accelerated, p=0.2, seed=7)
+    assert any(not np.array_equal(m, w) for m, _ in sched[:-1])
+    recs = {v: received(v) for v in range(n)}
+    sweeps = []
+    inner = mf._coefficients
+    monkeypatch.setattr(mf, "_coefficients", lambda *a: (sweeps.append(1), inner(*a))[1])
+    many = mf.paper_factors_many(sched, recs)
+    assert len(sweeps) == 1
+    for v in range(n):
+        np.testing.assert_array_equal(many[v], paper_factors(sched, v, recs[v]))
+    span = mf.fault_span(w, sched)
+    assert 0 < span.shape[1] <= n
+    np.testing.assert_allclose(span.T @ span, np.eye(span.shape[1]), atol=1e-12)
+    for v in range(n):
+        shared = exact_upper_factors(w, sched, v, recs[v], span=span)
+        np.testing.assert_allclose(shared, exact_upper_factors(w, sched, v, recs[v]), atol=1e-12)
+        assert np.all(shared >= exact_factors(sched, v, recs[v]) - 1e-10)
+    with pytest.raises(ValueError, match="different sizes"):
+        exact_upper_factors(w, sched, 0, recs[0], span=np.zeros((n + 1, 0)))
+
+
 def test_float_rounding_artefacts():
     # Hub 0, twin pair {2, 7} and leaf 5 hang off the hub; with the intended weights
     # e_5 - (e_2 + e_7)/2 is an eigenvector (eigenvalue 7/8) orthogonal to everything observer 4
@@ -495,3 +523,29 @@ def test_no_translation_group_is_assumed_where_the_weights_break_it():
     assert translations(sp.csr_matrix(w)) is None
     er = gossip_matrix(build_graph("erdos_renyi", nodes=16, p=0.3), "metropolis")
     assert translations(sp.csr_matrix(er)) is None
+
+
+def test_the_audits_schedule_shares_the_fault_span_beyond_exact_arithmetic(monkeypatch):
+    # Past RATIONAL_MAX_NODES an observer's 'exact' is the Krylov upper bound; the span of the
+    # schedule's fault rows is computed once for all observers, each gets its note.
+    from types import SimpleNamespace
+
+    from coordinator_free.families.averaging.accountant import Schedule
+
+    _, w = metropolis("erdos_renyi", nodes=mf.RATIONAL_MAX_NODES + 6, p=0.12)
+    n = w.shape[0]
+    sched, received = faulty_schedule(w, 4, True, p=0.05, seed=3)
+    recs = {v: received(v) for v in range(n)}
+    calls = []
+    inner = mf.fault_span
+    monkeypatch.setattr(mf, "fault_span", lambda *a, **k: (calls.append(1), inner(*a, **k))[1])
+    work = Schedule(SimpleNamespace(n=n, W=w), sched, recs)
+    notes: list = []
+    for v in (0, 5, n - 1):
+        got = work.factors(v, "exact", notes)
+        np.testing.assert_allclose(got, exact_upper_factors(w, sched, v, recs[v]), atol=1e-12)
+        np.testing.assert_array_equal(work.factors(v, "paper", notes),
+                                      paper_factors(sched, v, recs[v]))  # fmt: skip
+    assert len(calls) == 1
+    assert [x["observer"] for x in notes] == [0, 5, n - 1]
+    assert {x["kind"] for x in notes} == {"exact-upper-bound"}

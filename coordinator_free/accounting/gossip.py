@@ -21,7 +21,7 @@ Nothing here imports a family: the family hands its views in.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -204,6 +204,8 @@ class Replay:
     late: int = 0  # values the logs say came only after their step
     # The plan the schedule was rebuilt with: hidden graphs bound to the graphs the logs show.
     plan: object = None
+    # What a family's accountant computes once for the schedule and shares between observers.
+    shared: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 def replay(run_dir: Path, plan, views: Views) -> Replay:

@@ -101,17 +101,31 @@ class LearningViews(gossip.Views):
                     }
                 )
                 return np.full(plan.n, float(R))
-        # The received values by round, in one pass (scanning every value for every round was
-        # quadratic in R: most of the time of auditing a long run).
-        by_round: list[list[tuple[int, int]]] = [[] for _ in range(R)]
-        for t, w in received:
-            if 0 <= t < R * K:
-                by_round[t // K].append((t % K, w))
-        total = np.zeros(plan.n)
+        every = rp.shared.get("paper")
+        if every is None:
+            every = rp.shared["paper"] = _realised_paper(plan, rp)
+        return every[v]
+
+
+def _realised_paper(plan, rp: gossip.Replay) -> dict[int, np.ndarray]:
+    """Eq. (13) over the realised rounds for every observer of the logs: each round's ``C_t``
+    computed once for all of them (:func:`acct.paper_factors_many`), not once per observer."""
+    R, K = plan.rounds, plan.gossip_steps
+    # The received values by round, in one pass (scanning every value for every round was
+    # quadratic in R: most of the time of auditing a long run).
+    by_round: list[dict[int, list[tuple[int, int]]]] = [{} for _ in range(R)]
+    for v, got in rp.received.items():
         for r in range(R):
-            steps = rp.steps[r * K : (r + 1) * K]
-            total += acct.ldp_capped(acct.paper_factors(steps, v, by_round[r]))
-        return total
+            by_round[r][v] = []
+        for t, w in sorted(got):
+            if 0 <= t < R * K:
+                by_round[t // K][v].append((t % K, w))
+    total = {v: np.zeros(plan.n) for v in rp.received}
+    for r in range(R):
+        steps = rp.steps[r * K : (r + 1) * K]
+        for v, f in acct.paper_factors_many(steps, by_round[r]).items():
+            total[v] += acct.ldp_capped(f)
+    return total
 
 
 VIEWS = LearningViews()
