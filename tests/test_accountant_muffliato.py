@@ -549,3 +549,26 @@ def test_the_audits_schedule_shares_the_fault_span_beyond_exact_arithmetic(monke
     assert len(calls) == 1
     assert [x["observer"] for x in notes] == [0, 5, n - 1]
     assert {x["kind"] for x in notes} == {"exact-upper-bound"}
+
+
+def test_the_audits_schedule_prepares_its_observers_in_forked_children():
+    # prepare(): every observer's exact row ahead, in children; the same rows (to roundoff: the
+    # children hold BLAS to one thread) and the same notes as one observer at a time.
+    from types import SimpleNamespace
+
+    from coordinator_free.families.averaging.accountant import Schedule
+
+    _, w = metropolis("erdos_renyi", nodes=mf.RATIONAL_MAX_NODES + 6, p=0.12)
+    n = w.shape[0]
+    sched, received = faulty_schedule(w, 4, True, p=0.05, seed=4)
+    recs = {v: received(v) for v in range(n)}
+    plan = SimpleNamespace(n=n, W=w)
+    ahead, lazy = Schedule(plan, sched, recs), Schedule(plan, sched, recs)
+    ahead.prepare(list(range(n)))
+    assert sorted(ahead._exact) == list(range(n))
+    notes_ahead: list = []
+    notes_lazy: list = []
+    for v in range(n):
+        np.testing.assert_allclose(ahead.factors(v, "exact", notes_ahead),
+                                   lazy.factors(v, "exact", notes_lazy), rtol=0, atol=1e-12)  # fmt: skip
+    assert notes_ahead == notes_lazy and len(notes_ahead) == n

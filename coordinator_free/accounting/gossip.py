@@ -75,6 +75,10 @@ class Views:
         """Observer v's factors for the schedule the logs show (``rp``)."""
         raise NotImplementedError
 
+    def prepare(self, plan, rp: Replay, observers: list[int]) -> None:
+        """Work the audit will ask :meth:`realised_factors` for, for these observers, done ahead
+        (spread over the cores, or shared between observers); nothing by default."""
+
     def bind(self, plan, logs: dict) -> tuple[object, list[dict]]:
         """The plan the logs' schedule is read with (hidden graphs: as the logs show them)."""
         return plan, []
@@ -284,6 +288,8 @@ def audit_run(views: Views, run_dir: Path, cfg, plan, observers: list[int] | Non
     if use_plan:
         for m in METHODS:
             factors[m] = views.plan_factors(plan, m, observers=wanted)
+    else:
+        views.prepare(plan, rp, wanted)
     out_obs = []
     notes: list[dict] = []
     # A loss is a function of its method and factor, and an audit's pairs share few factors

@@ -35,11 +35,18 @@ class AveragingViews(gossip.Views):
         )
 
     def realised_factors(self, plan, rp: gossip.Replay, v: int, method: str, notes: list):
-        work = rp.shared.get("schedule")
-        if work is None:
-            received = {u: sorted(got) for u, got in rp.received.items()}
-            work = rp.shared["schedule"] = Schedule(plan, rp.steps, received)
-        return work.factors(v, method, notes)
+        return _schedule_of(plan, rp).factors(v, method, notes)
+
+    def prepare(self, plan, rp: gossip.Replay, observers: list[int]) -> None:
+        _schedule_of(plan, rp).prepare(observers)
+
+
+def _schedule_of(plan, rp: gossip.Replay) -> Schedule:
+    work = rp.shared.get("schedule")
+    if work is None:
+        received = {u: sorted(got) for u, got in rp.received.items()}
+        work = rp.shared["schedule"] = Schedule(plan, rp.steps, received)
+    return work
 
 
 VIEWS = AveragingViews()
@@ -86,16 +93,19 @@ class Schedule:
         self.plan, self.steps, self.received = plan, steps, received
         self._paper: dict[int, np.ndarray] | None = None
         self._span: np.ndarray | None = None
+        # From prepare(): observer -> (its exact row, whether that row is the upper bound).
+        self._exact: dict[int, tuple[np.ndarray, bool]] = {}
 
     def factors(self, v: int, method: str, notes: list) -> np.ndarray:
         if method == "paper":
             if self._paper is None:
                 self._paper = acct.paper_factors_many(self.steps, self.received)
             return self._paper[v]
-        try:
-            return acct.exact_factors(self.steps, v, self.received[v])
-        except acct.ExactTooLargeError:
-            # Faulty schedule beyond exact arithmetic: a provable upper bound instead.
+        if v in self._exact:
+            row, upper = self._exact[v]
+        else:
+            row, upper = self._exact_row(v)
+        if upper:
             notes.append(
                 {
                     "observer": v,
@@ -104,7 +114,58 @@ class Schedule:
                     "Krylov upper bound on the exact loss, not the exact value",
                 }
             )
+        return row
+
+    def _exact_row(self, v: int) -> tuple[np.ndarray, bool]:
+        try:
+            return acct.exact_factors(self.steps, v, self.received[v]), False
+        except acct.ExactTooLargeError:
+            # Faulty schedule beyond exact arithmetic: a provable upper bound instead.
             if self._span is None:
                 self._span = acct.fault_span(self.plan.W, self.steps)
-            return acct.exact_upper_factors(self.plan.W, self.steps, v, self.received[v],
-                                            span=self._span)  # fmt: skip
+            upper = acct.exact_upper_factors(
+                self.plan.W, self.steps, v, self.received[v], span=self._span
+            )
+            return upper, True
+
+    def prepare(self, observers: list[int]) -> None:
+        """Every observer's exact row ahead of :meth:`factors`, past exact arithmetic (where each
+        is a Lanczos basis of its own): in forked children, one per core
+        (:mod:`coordinator_free.forkwork`), tasks of a few observers, the rows and whether each
+        is the upper bound in shared memory. A task a child did not finish runs here."""
+        todo = [v for v in observers if v not in self._exact]
+        if self.plan.n <= acct.RATIONAL_MAX_NODES or len(todo) < 2:
+            return
+        import scipy.linalg  # noqa: F401 - loaded before the BLAS limit below, so it applies
+
+        from coordinator_free import forkwork, progress
+        from coordinator_free.blas import one_thread
+
+        if self._span is None:  # once, before the fork: every child needs it
+            self._span = acct.fault_span(self.plan.W, self.steps)
+        rows = forkwork.shared_array((len(todo), self.plan.n))
+        upper = forkwork.shared_array((len(todo),))
+        tasks = [
+            range(k, min(k + _PREPARE_TASK, len(todo))) for k in range(0, len(todo), _PREPARE_TASK)
+        ]
+        count = 0
+
+        def task(i: int) -> None:
+            for j in tasks[i]:
+                row, up = self._exact_row(todo[j])
+                rows[j], upper[j] = row, float(up)
+
+        def done(i: int) -> None:
+            nonlocal count
+            for _ in tasks[i]:
+                count += 1
+                progress.tick(count, len(todo), "exact loss, observer")
+
+        with one_thread():  # one BLAS thread per child: the children take the cores
+            forkwork.fill(task, len(tasks), done=done)
+        for j, v in enumerate(todo):
+            self._exact[v] = (np.array(rows[j]), bool(upper[j]))
+
+
+#: Observers per task of :meth:`Schedule.prepare`.
+_PREPARE_TASK = 8
