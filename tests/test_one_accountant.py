@@ -9,6 +9,7 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import coordinator_free
@@ -187,3 +188,34 @@ def test_at_least_raises_every_loss_key_and_keeps_eps_only_bounds():
     }
     nan = {**low, "eps": math.nan}
     assert loss.at_least(nan, cap)["eps"] == 4.3
+
+
+def test_conversions_warmed_ahead_are_the_same_bits_and_leave_nothing_behind(monkeypatch):
+    # loss.warmed: many distinct curves converted ahead in forked children, by the same
+    # functions: every figure as computed at its call, and the table is empty afterwards.
+    import os
+
+    from coordinator_free.accounting import loss as loss_mod
+
+    delta = 1e-5
+    rhos = [0.0, *np.linspace(1e-4, 3.0, 40).tolist(), float("inf")]
+    monkeypatch.setattr(loss_mod, "WARM_MIN", 10)
+    monkeypatch.setattr(loss_mod, "_WARM_TASK", 7)
+    fresh = {(g, r): (loss_mod._eps_gaussian_searched if g else loss_mod._eps_rdp_searched)(r, delta)
+             for g in (True, False) for r in rhos}  # fmt: skip
+    searched = []
+    for name in ("_eps_gaussian_searched", "_eps_rdp_searched"):
+        inner = getattr(loss_mod, name)
+        monkeypatch.setattr(loss_mod, name,
+                            lambda r, d, inner=inner: (searched.append(os.getpid()), inner(r, d))[1])  # fmt: skip
+    with loss_mod.warmed(rhos, rhos, delta):
+        assert len(loss_mod._WARM) == 2 * len(rhos)
+        for (g, r), eps in fresh.items():
+            got = loss_mod._eps_gaussian(r, delta) if g else loss_mod._eps_rdp(r, delta)
+            assert got == eps or (math.isnan(got) and math.isnan(eps))
+    assert searched == []  # every one was known ahead: no search in this process
+    assert loss_mod._WARM == {}
+    # Few curves: nothing is computed ahead.
+    monkeypatch.setattr(loss_mod, "WARM_MIN", 10_000)
+    with loss_mod.warmed(rhos, rhos, delta):
+        assert loss_mod._WARM == {}
