@@ -316,26 +316,31 @@ def warmed(gaussian: Iterable[float], rdp: Iterable[float], delta: float) -> Ite
     million). Fewer than ``WARM_MIN`` distinct curves are left to their calls."""
     from coordinator_free import forkwork
 
-    jobs = [(False, r) for r in sorted({float(x) for x in rdp})]
-    jobs += [(True, r) for r in sorted({float(x) for x in gaussian})]
-    if len(jobs) < WARM_MIN or forkwork.cores() < 2:
+    # A Gaussian figure carries its RDP conversion beside it (``eps_rdp``): both are needed.
+    exact = {float(x) for x in gaussian}
+    jobs = sorted(exact | {float(x) for x in rdp})
+    if len(jobs) + len(exact) < WARM_MIN or forkwork.cores() < 2:
         yield
         return
-    out = forkwork.shared_array((len(jobs),))
+    out = forkwork.shared_array((len(jobs), 2))  # the RDP conversion, the Gaussian profile
     tasks = [range(k, min(k + _WARM_TASK, len(jobs))) for k in range(0, len(jobs), _WARM_TASK)]
 
     def task(i: int) -> None:
         for j in tasks[i]:
-            exact, rho = jobs[j]
-            out[j] = _eps_gaussian(rho, delta) if exact else _eps_rdp(rho, delta)
+            rho = jobs[j]
+            out[j, 0] = _eps_rdp(rho, delta)
+            if rho in exact:
+                out[j, 1] = _eps_gaussian(rho, delta)
 
     forkwork.fill(task, len(tasks))
     added = []
-    for (exact, rho), eps in zip(jobs, out.tolist(), strict=True):
-        key = (exact, rho, delta)
-        if key not in _WARM:  # an enclosing block's stays its own
-            _WARM[key] = eps
-            added.append(key)
+    for rho, (eps_rdp, eps_gaussian) in zip(jobs, out.tolist(), strict=True):
+        for key, eps in (((False, rho, delta), eps_rdp), ((True, rho, delta), eps_gaussian)):
+            if key[0] and rho not in exact:
+                continue
+            if key not in _WARM:  # an enclosing block's stays its own
+                _WARM[key] = eps
+                added.append(key)
     try:
         yield
     finally:
