@@ -79,6 +79,8 @@ def _dropout_plan_factors(plan, method: str, sources, observers) -> np.ndarray:
     src = slice(None) if sources is None else list(sources)
     received = {v: [(t, w) for t in range(plan.steps) for w in plan.partners_at(v, t)] for v in obs}
     work = Schedule(plan, steps, received)
+    if method == "exact":
+        work.prepare(list(obs))
     return np.stack([work.factors(v, method, [])[src] for v in obs])
 
 
@@ -86,8 +88,8 @@ class Schedule:
     """One realised (or planned) schedule with what its observers saw (observer -> its
     messages), and the work they share, done once for all of them: every ``C_t`` (Eq. (6) of
     every observer in one sweep) and the span of the schedule's fault rows (the Krylov upper
-    bound beyond exact arithmetic). At n = 256 with faults, repeating both for each observer
-    took most of an audit's minute and a half (docs/benchmarks.md)."""
+    bound beyond exact arithmetic). Repeating both for each observer took most of the 31 s of
+    auditing a 256-node run with 1% of its messages dropped (docs/benchmarks.md)."""
 
     def __init__(self, plan, steps, received: dict[int, list[tuple[int, int]]]):
         self.plan, self.steps, self.received = plan, steps, received
