@@ -96,11 +96,14 @@ def _in_children(task, count: int, workers: int, done) -> set[int]:
                 os.close(report_r)
                 os.close(report_w)
                 break
-            if pid == 0:  # the child: never returns
-                os.close(report_r)
-                for fd in reports:
-                    os.close(fd)
-                _child(task, queue_r, report_w)
+            if pid == 0:  # the child: never returns into the caller's code
+                try:
+                    os.close(report_r)
+                    for fd in reports:
+                        os.close(fd)
+                    _child(task, queue_r, report_w)
+                finally:
+                    os._exit(1)
             os.close(report_w)
             reports[report_r] = pid
             children.append(pid)
