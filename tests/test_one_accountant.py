@@ -195,8 +195,10 @@ def test_conversions_warmed_ahead_are_the_same_bits_and_leave_nothing_behind(mon
     # functions: every figure as computed at its call, and the table is empty afterwards.
     import os
 
+    from coordinator_free import forkwork
     from coordinator_free.accounting import loss as loss_mod
 
+    monkeypatch.setattr(forkwork, "cores", lambda: 2)  # children even on a one-core machine
     delta = 1e-5
     rhos = [0.0, *np.linspace(1e-4, 3.0, 40).tolist(), float("inf")]
     monkeypatch.setattr(loss_mod, "WARM_MIN", 10)
