@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["cores", "fill", "shared_array"]
+__all__ = ["chunks", "cores", "fill", "shared_array"]
 
 _RECORD = struct.Struct("<I")
 #: A pipe holds 64 KiB on Linux: all the task numbers are written before the fork.
@@ -41,6 +41,11 @@ def cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def chunks(count: int, size: int) -> list[range]:
+    """``range(count)`` cut into consecutive tasks of ``size`` items (the last one shorter)."""
+    return [range(k, min(k + size, count)) for k in range(0, count, size)]
 
 
 def shared_array(shape: tuple[int, ...], dtype=np.float64) -> np.ndarray:

@@ -219,8 +219,9 @@ def dumps_json(obj: Any, *, indent: int = 1, one_line_depth: int = ONE_LINE_DEPT
     indent=indent)`` lays them out, and every container nested ``one_line_depth`` deep or more
     on one line, written by the json module's C encoder. ``json.dumps`` with an indent runs its
     pure-Python encoder over every value: a 256-node audit (37 MB, one map per pair and method)
-    took 3 s to write that way, 0.9 s this way. Same JSON value, same errors (a value JSON cannot hold raises
-    ``TypeError`` and nothing is written); only the line breaks inside deep containers differ.
+    took 3 s to write that way, 0.9 s this way. Same JSON value, same errors (a value JSON
+    cannot hold raises ``TypeError`` and nothing is written); only the line breaks inside deep
+    containers differ.
     """
     flat = _flat_encoder()
     out: list[str] = []

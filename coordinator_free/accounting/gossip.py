@@ -336,9 +336,9 @@ def audit_run(views: Views, run_dir: Path, cfg, plan, observers: list[int] | Non
     # of its own for nearly every pair: their conversions are computed ahead, on every core.
     made: dict[tuple[str, float], loss.Loss] = {}
     curves: dict[bool, set[float]] = {True: set(), False: set()}
-    for per_method, _ in found:
-        for m in METHODS:
-            curves[u.is_gaussian(m)].update(u.rho(f) for f in per_method[m].tolist())
+    for m in METHODS if found else ():  # distinct factors first: a symmetric run has a few
+        distinct = np.unique(np.concatenate([np.asarray(pm[m], dtype=float) for pm, _ in found]))
+        curves[u.is_gaussian(m)].update(u.rho(f) for f in distinct.tolist())
     with loss.warmed(curves[True], curves[False], u.delta):
         for v, (per_method, mine) in zip(wanted, found, strict=True):
             notes.extend(mine)

@@ -323,7 +323,7 @@ def warmed(gaussian: Iterable[float], rdp: Iterable[float], delta: float) -> Ite
         yield
         return
     out = forkwork.shared_array((len(jobs), 2))  # the RDP conversion, the Gaussian profile
-    tasks = [range(k, min(k + _WARM_TASK, len(jobs))) for k in range(0, len(jobs), _WARM_TASK)]
+    tasks = forkwork.chunks(len(jobs), _WARM_TASK)
 
     def task(i: int) -> None:
         for j in tasks[i]:
@@ -333,14 +333,13 @@ def warmed(gaussian: Iterable[float], rdp: Iterable[float], delta: float) -> Ite
                 out[j, 1] = _eps_gaussian(rho, delta)
 
     forkwork.fill(task, len(tasks))
-    added = []
+    known = {}
     for rho, (eps_rdp, eps_gaussian) in zip(jobs, out.tolist(), strict=True):
-        for key, eps in (((False, rho, delta), eps_rdp), ((True, rho, delta), eps_gaussian)):
-            if key[0] and rho not in exact:
-                continue
-            if key not in _WARM:  # an enclosing block's stays its own
-                _WARM[key] = eps
-                added.append(key)
+        known[(False, rho, delta)] = eps_rdp
+        if rho in exact:
+            known[(True, rho, delta)] = eps_gaussian
+    added = [key for key in known if key not in _WARM]  # an enclosing block's stay its own
+    _WARM.update((key, known[key]) for key in added)
     try:
         yield
     finally:

@@ -72,7 +72,7 @@ from fractions import Fraction
 import numpy as np
 import scipy.sparse as sp
 
-from coordinator_free import progress
+from coordinator_free import forkwork, progress
 
 __all__ = [
     "DROP_TOL",
@@ -352,19 +352,7 @@ def paper_factors(
     is what the theorem says (its composition over messages is the step that fails for
     correlated messages: docs/privacy.md, "Why Eq. (6) is not a bound").
     """
-    ms, gs, n = _check_steps(steps)
-    rec = _check_received(received, observer, n, len(ms))
-    out = np.zeros(n)
-    if not rec:
-        return out
-    by_t: dict[int, list[int]] = {}
-    for t, x in rec:
-        by_t.setdefault(t, []).append(x)
-    for t, c in enumerate(_coefficients(ms, gs, n, max(by_t))):
-        for x in by_t.get(t, []):
-            row = c[x]
-            out += row * row / float(row @ row)
-    return out
+    return paper_factors_many(steps, {observer: received})[observer]
 
 
 def paper_factors_many(
@@ -910,7 +898,6 @@ def _fill_observers(fn, batches: list[list[int]], out: np.ndarray, n: int) -> No
     same way in any process."""
     import scipy.linalg  # noqa: F401 - loaded before the limit below, so that it applies to it
 
-    from coordinator_free import forkwork
     from coordinator_free.blas import one_thread
 
     total = sum(len(b) for b in batches)
@@ -1013,10 +1000,7 @@ def plan_factors(
                 progress.tick(i + 1, obs.size, "exact loss, observer")
             out[obs[:, None] == src[None, :]] = 1.0
             return out
-        batches = [
-            list(range(k, min(k + _LOCAL_BATCH, obs.size)))
-            for k in range(0, obs.size, _LOCAL_BATCH)
-        ]
+        batches = [list(r) for r in forkwork.chunks(obs.size, _LOCAL_BATCH)]
         _fill_observers(
             lambda idx: _observers_factors(ws, w, obs[idx].tolist(), n, steps, src, strict),
             batches,

@@ -147,9 +147,7 @@ class Schedule:
             self._span = acct.fault_span(self.plan.W, self.steps)
         rows = forkwork.shared_array((len(todo), self.plan.n))
         upper = forkwork.shared_array((len(todo),))
-        tasks = [
-            range(k, min(k + _PREPARE_TASK, len(todo))) for k in range(0, len(todo), _PREPARE_TASK)
-        ]
+        tasks = forkwork.chunks(len(todo), _PREPARE_TASK)
         count = 0
 
         def task(i: int) -> None:
