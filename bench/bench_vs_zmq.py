@@ -19,7 +19,11 @@ means as fast. cfree runs twice: with every received value in the view logs (the
 same, only ``cfree attack`` needs the values).
 
 Needs pyzmq (``pip install -e '.[bench]'``). Run: ``python bench/bench_vs_zmq.py [--nodes 16]
-[--json]``. Prints numbers; asserts nothing about timing.
+[--json]``. Prints numbers; asserts nothing about timing. ``--budget``: where one cfree peer's
+CPU time per step goes, by part of the stack. ``--floor``: each side's CPU per node and step,
+and the least a cfree step can cost (its digests, AEAD passes, logged values and loopback TCP
+messages alone), so the highest ratio this machine allows and what the code around those
+primitives costs.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import json
 import multiprocessing as mp
 import os
 import pickle
+import resource
 import sys
 import tempfile
 import time
@@ -42,8 +47,10 @@ from coordinator_free.cluster import local
 from coordinator_free.peer import budget as peer_budget
 
 #: (label, float64 entries per vector, steps). Long enough that both sides run warm: over the
-#: first few hundred steps of small vectors ZeroMQ is still speeding up.
-CASES = (("small (8 floats)", 8, 2000), ("1 MiB (131072 floats)", 131072, 60))
+#: first few hundred steps of small vectors ZeroMQ is still speeding up, and over the first
+#: sixty of 1 MiB cfree is (a ring of 1 MiB values with digests only: 8.8 steps/s over 60
+#: steps, 12.9 over 240; its peers' buffers are still being allocated and first touched).
+CASES = (("small (8 floats)", 8, 2000), ("1 MiB (131072 floats)", 131072, 300))
 
 
 # --------------------------------------------------------------------------- zmq side
@@ -223,6 +230,177 @@ def budget_main(args) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- floor
+
+
+def _cpu_children() -> float:
+    """CPU time (user + system) of this process and of every process it has waited for."""
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def ring_cpu_per_step(run, n: int, steps: int) -> tuple[float, float]:
+    """(CPU seconds per node and step, steps/s) of a ring: ``run(steps)`` once with ``steps``
+    and once with a quarter of them, so that what a run spends once (start-up, connecting,
+    closing) cancels out of the difference."""
+    few = max(1, steps // 4)
+    c0 = _cpu_children()
+    run(few)
+    c1 = _cpu_children()
+    rate = run(steps)
+    c2 = _cpu_children()
+    return max(0.0, (c2 - c1) - (c1 - c0)) / ((steps - few) * n), rate
+
+
+def _per_call(fn, seconds: float = 0.2) -> float:
+    """Thread CPU seconds of one call of ``fn`` (repeated for about ``seconds``)."""
+    fn()
+    reps, spent = 1, 0.0
+    while spent < seconds:
+        t = time.thread_time()
+        for _ in range(reps):
+            fn()
+        spent = time.thread_time() - t
+        if spent < seconds:
+            reps *= 4
+    return spent / reps
+
+
+def step_floor(dim: int, log_values: bool, seconds: float = 0.2) -> dict[str, float]:
+    """What one node's gossip step cannot cost less than, whatever the code around it: the
+    primitives alone, on this machine, in seconds of CPU. A ring node sends its value to two
+    neighbours and receives two: three SHA-256 digests (the value it sends and the two it
+    receives, as the audit needs), four AES-256-GCM passes (a frame per neighbour, each way),
+    with ``log_values`` two view-log records holding a value (CRC-32 and an append to a file:
+    the page cache takes a fresh page for every 4 KiB), two loopback TCP
+    messages each way (the kernel's work at both ends, counted once per message), and the
+    average of three vectors. Nothing of the step engine, the envelopes, the frames, the
+    records' encoding or the event loop is in it. Each primitive repeats for about ``seconds``
+    of CPU."""
+    import hashlib
+    import socket
+    import zlib
+
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    size = 8 * dim
+    frame = os.urandom(size + 64)  # the value and an envelope of a few dozen bytes
+    value = np.frombuffer(frame[:size], dtype=np.uint8)
+    aead, nonce = AESGCM(os.urandom(32)), os.urandom(12)
+    sealed = aead.encrypt(nonce, frame, b"header")
+    out: dict[str, float] = {}
+    out["digests (3)"] = 3 * _per_call(lambda: hashlib.sha256(value).digest(), seconds)
+    out["AEAD (2 seal, 2 open)"] = 2 * _per_call(
+        lambda: aead.encrypt(nonce, frame, b"header"), seconds
+    ) + 2 * _per_call(lambda: aead.decrypt(nonce, sealed, b"header"), seconds)
+    if log_values:
+        with tempfile.TemporaryFile() as fh:
+            fd = fh.fileno()
+
+            def record() -> None:  # appended, as a view log's records are
+                zlib.crc32(value)
+                os.write(fd, value)
+
+            out["view log values (2)"] = 2 * _per_call(record, seconds)
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    a = socket.create_connection(srv.getsockname())
+    b, _ = srv.accept()
+    srv.close()
+    buf = bytearray(1 << 16)
+    piece = memoryview(frame)
+
+    def message() -> None:  # both ends in this thread, 64 KiB at a time
+        for i in range(0, len(frame), 1 << 16):
+            chunk = piece[i : i + (1 << 16)]
+            a.sendall(chunk)
+            got = 0
+            while got < len(chunk):
+                got += b.recv_into(buf)
+
+    try:
+        out["TCP loopback (2 messages)"] = 2 * _per_call(message, seconds)
+    finally:
+        a.close()
+        b.close()
+    x, y, z = (np.random.default_rng(k).random(dim) for k in range(3))
+    out["average"] = _per_call(lambda: (x + y + z) / 3.0, seconds)
+    return out
+
+
+def floor_main(args) -> int:
+    """Each side's CPU per node and step, and what a cfree step cannot cost less than: the
+    highest ratio the targets could reach on this machine with the protocol's work done by
+    free code, and what the code around the primitives costs now."""
+    rows = []
+    load0 = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="cfree-bench-floor-") as tmp:
+        for label, dim, steps in CASES:
+            steps = max(4, round(steps * args.steps_scale))
+            zmq_cpu, zmq_rate = ring_cpu_per_step(
+                lambda s, dim=dim: zmq_gossip(args.nodes, dim, s), args.nodes, steps
+            )
+            for log_values in (True, False):
+                work = Path(tmp) / f"{dim}-{log_values}"
+
+                def cfree(s: int, dim=dim, log_values=log_values, work=work) -> float:
+                    return cfree_gossip(args.nodes, dim, s, work / str(s), log_values)
+
+                cpu, rate = ring_cpu_per_step(cfree, args.nodes, steps)
+                floor = step_floor(dim, log_values)
+                least = sum(floor.values())
+                rows.append(
+                    {
+                        "case": label,
+                        "dim": dim,
+                        "steps": steps,
+                        "log_values": log_values,
+                        "zmq_cpu_per_step_s": zmq_cpu,
+                        "zmq_steps_per_s": zmq_rate,
+                        "cfree_cpu_per_step_s": cpu,
+                        "cfree_steps_per_s": rate,
+                        "floor_s": floor,
+                        "floor_per_step_s": least,
+                        "ceiling_ratio": zmq_cpu / least,
+                        "cpu_ratio": zmq_cpu / cpu if cpu else None,
+                    }
+                )
+    load1 = os.getloadavg()
+    if args.json:
+        print(json.dumps({"nodes": args.nodes, "load": [load0, load1], "rows": rows}, indent=1))
+        return 0
+    print(
+        f"ring of {args.nodes} nodes; CPU per node and step (start-up cancelled out), and the "
+        "floor of a cfree step: its primitives alone"
+    )
+    print(f"load average at start {load0[0]:.2f}, at end {load1[0]:.2f}")
+    for r in rows:
+        what = "values logged" if r["log_values"] else "digests only"
+        us = 1e6
+        print(f"\n{r['case']}, {what}, {r['steps']} steps")
+        print(
+            f"  zmq   {r['zmq_cpu_per_step_s'] * us:9.1f} us per step ({r['zmq_steps_per_s']:.1f} "
+            "steps/s)"
+        )
+        print(
+            f"  cfree {r['cfree_cpu_per_step_s'] * us:9.1f} us per step "
+            f"({r['cfree_steps_per_s']:.1f} steps/s); zmq / cfree CPU: {r['cpu_ratio']:.2f}"
+        )
+        print(f"  floor {r['floor_per_step_s'] * us:9.1f} us per step:")
+        for part, s in r["floor_s"].items():
+            print(f"    {part:<28} {s * us:9.1f} us")
+        print(
+            f"  highest ratio the floor allows (zmq CPU / floor): {r['ceiling_ratio']:.2f}; "
+            f"cfree's code around the primitives: "
+            f"{(r['cfree_cpu_per_step_s'] - r['floor_per_step_s']) * us:.1f} us per step"
+        )
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=16, help="ring size (default 16)")
@@ -236,9 +414,17 @@ def main() -> int:
         action="store_true",
         help="instead of the comparison: where one peer's CPU time per step goes (cfree only)",
     )
+    ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="instead of the comparison: each side's CPU per node and step, and the least a "
+        "cfree step can cost (its digests, AEAD, logged values and loopback TCP alone)",
+    )
     args = ap.parse_args()
     if args.budget:
         return budget_main(args)
+    if args.floor:
+        return floor_main(args)
     try:
         import zmq
     except ImportError:
