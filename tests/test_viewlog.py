@@ -183,6 +183,45 @@ def test_held_records_go_out_together_at_flush_in_order(tmp_path):
     assert np.array_equal(log.records[2]["value"], np.full(3, 1.0))
 
 
+def test_a_fast_growing_log_advises_its_old_pages_out_and_keeps_every_byte(tmp_path, monkeypatch):
+    """Pages more than DROP_BEHIND behind the end are advised out of the page cache, each range
+    up to three times (write-back first, then the drop) and never the last DROP_BEHIND bytes;
+    the file holds every record either way."""
+    calls: list[tuple[int, int]] = []
+    real = os.posix_fadvise
+
+    def spy(fd, offset, length, advice):
+        assert advice == os.POSIX_FADV_DONTNEED
+        calls.append((offset, length))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(viewlog.os, "posix_fadvise", spy)
+    path = tmp_path / "big.vlog"
+    values = [np.full(1 << 17, float(i)) for i in range(40)]  # 1 MiB each
+    with ViewLogWriter(path, run_id="r", node=0, params={}) as w:
+        for i, v in enumerate(values):
+            w.write("recv", step=i, value=v)
+            size = path.stat().st_size
+            if calls:  # never the last DROP_BEHIND bytes
+                lo, length = calls[-1]
+                assert lo + length <= size - viewlog.DROP_BEHIND
+    assert len(calls) >= 3
+    ends = [lo + length for lo, length in calls]
+    assert ends == sorted(ends) and calls[0][0] == 0
+    for (lo, _), prev_end in zip(calls[1:], ends, strict=False):
+        assert lo < prev_end  # each range again with the next: dropped once written back
+    log = read_viewlog(path)
+    assert log.intact, log.problems
+    assert all(np.array_equal(r["value"], v) for r, v in zip(log.records, values, strict=True))
+
+
+def test_a_slow_log_is_never_advised(tmp_path, monkeypatch):
+    monkeypatch.setattr(viewlog.os, "posix_fadvise", lambda *a: pytest.fail("advised"))
+    with ViewLogWriter(tmp_path / "small.vlog", run_id="r", node=0, params={}) as w:
+        for i in range(2000):
+            w.write("recv", step=i, value=np.full(8, float(i)))
+
+
 def test_close_is_idempotent_and_write_after_close_fails(tmp_path):
     w = ViewLogWriter(tmp_path / "l", run_id="r", node=0, params={}, fsync=True)
     w.write("a")
