@@ -35,6 +35,7 @@ import multiprocessing as mp
 import os
 import pickle
 import resource
+import shutil
 import sys
 import tempfile
 import time
@@ -179,9 +180,26 @@ def cfree_gossip(
         run = asyncio.run(local.launch_peers(cfg, out, show_progress=False, on_event=on_event))
     finally:
         os.environ.pop(peer_budget.ENV, None)
+    # A 1 MiB ring with every value logged writes about 32 MiB of view logs a step (9.6 GB
+    # over 300 steps): each run's directory goes as soon as it is measured.
+    shutil.rmtree(out, ignore_errors=True)
     if run.failed or len(times["finished"]) != n:
-        raise SystemExit(f"cfree: {len(run.failed)} peer(s) failed")
+        first = run.failed[0] if run.failed else None
+        why = f"; node {first.node}: {first.error}" if first is not None and first.error else ""
+        raise SystemExit(f"cfree: {len(run.failed)} peer(s) failed{why}")
     return steps / (max(times["finished"].values()) - max(times["connected"].values()))
+
+
+def _json_or_head(args, rows: list, load0: tuple, head: str) -> bool:
+    """Print a mode's rows as JSON (``--json``: True), or its heading and the load averages at
+    its start and now."""
+    load1 = os.getloadavg()
+    if args.json:
+        print(json.dumps({"nodes": args.nodes, "load": [load0, load1], "rows": rows}, indent=1))
+        return True
+    print(head)
+    print(f"load average at start {load0[0]:.2f}, at end {load1[0]:.2f}")
+    return False
 
 
 def budget_main(args) -> int:
@@ -206,15 +224,12 @@ def budget_main(args) -> int:
                 assert best is not None
                 best.update(case=label, dim=dim, log_values=log_values)
                 rows.append(best)
-    load1 = os.getloadavg()
-    if args.json:
-        print(json.dumps({"nodes": args.nodes, "load": [load0, load1], "rows": rows}, indent=1))
-        return 0
-    print(
+    head = (
         f"ring of {args.nodes} nodes; node 0's CPU time per step by part, in microseconds "
         f"(share of its total), the run with the least CPU of {args.repeat}"
     )
-    print(f"load average at start {load0[0]:.2f}, at end {load1[0]:.2f}")
+    if _json_or_head(args, rows, load0, head):
+        return 0
     for r in rows:
         per = 1e6 / r["steps"]
         total = r["cpu_s"] * per
@@ -369,15 +384,12 @@ def floor_main(args) -> int:
                         "cpu_ratio": zmq_cpu / cpu if cpu else None,
                     }
                 )
-    load1 = os.getloadavg()
-    if args.json:
-        print(json.dumps({"nodes": args.nodes, "load": [load0, load1], "rows": rows}, indent=1))
-        return 0
-    print(
+    head = (
         f"ring of {args.nodes} nodes; CPU per node and step (start-up cancelled out), and the "
         "floor of a cfree step: its primitives alone"
     )
-    print(f"load average at start {load0[0]:.2f}, at end {load1[0]:.2f}")
+    if _json_or_head(args, rows, load0, head):
+        return 0
     for r in rows:
         what = "values logged" if r["log_values"] else "digests only"
         us = 1e6
