@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["chunks", "cores", "fill", "shared_array"]
+__all__ = ["chunks", "cores", "fill", "shared_array", "ticks"]
 
 _RECORD = struct.Struct("<I")
 #: A pipe holds 64 KiB on Linux: all the task numbers are written before the fork.
@@ -46,6 +46,24 @@ def cores() -> int:
 def chunks(count: int, size: int) -> list[range]:
     """``range(count)`` cut into consecutive tasks of ``size`` items (the last one shorter)."""
     return [range(k, min(k + size, count)) for k in range(0, count, size)]
+
+
+def ticks(sizes: list[int], what: str) -> Callable[[int], None]:
+    """A ``done`` for :func:`fill` (or for a loop over the same tasks): when task ``i`` is done,
+    one progress tick (:mod:`coordinator_free.progress`) for each of its ``sizes[i]`` items,
+    counted against all of them, under the label ``what``."""
+    from coordinator_free import progress
+
+    total = sum(sizes)
+    count = 0
+
+    def done(i: int) -> None:
+        nonlocal count
+        for _ in range(sizes[i]):
+            count += 1
+            progress.tick(count, total, what)
+
+    return done
 
 
 def shared_array(shape: tuple[int, ...], dtype=np.float64) -> np.ndarray:

@@ -115,3 +115,17 @@ def test_a_signal_to_a_child_does_not_reach_the_parents_event_loop():
     uvloop.run(main())
     assert heard == []
     np.testing.assert_array_equal(out, np.ones(4))
+
+
+def test_ticks_count_every_item_of_each_finished_task(monkeypatch):
+    from coordinator_free import progress
+
+    seen = []
+    monkeypatch.setattr(
+        progress, "tick", lambda done, total, what: seen.append((done, total, what))
+    )
+    done = forkwork.ticks([2, 0, 3], "observer")
+    done(2)
+    done(1)
+    done(0)
+    assert seen == [(k, 5, "observer") for k in range(1, 6)]

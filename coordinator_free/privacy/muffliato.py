@@ -900,15 +900,7 @@ def _fill_observers(fn, batches: list[list[int]], out: np.ndarray, n: int) -> No
 
     from coordinator_free.blas import one_thread
 
-    total = sum(len(b) for b in batches)
-    count = 0
-
-    def done(i: int) -> None:
-        nonlocal count
-        for _ in batches[i]:
-            count += 1
-            progress.tick(count, total, "exact loss, observer")
-
+    done = forkwork.ticks([len(b) for b in batches], "exact loss, observer")
     if n < _PARALLEL_MIN_N or forkwork.cores() < 2:
         for i, batch in enumerate(batches):
             out[batch] = fn(batch)

@@ -140,7 +140,7 @@ class Schedule:
             return
         import scipy.linalg  # noqa: F401 - loaded before the BLAS limit below, so it applies
 
-        from coordinator_free import forkwork, progress
+        from coordinator_free import forkwork
         from coordinator_free.blas import one_thread
 
         if self._span is None:  # once, before the fork: every child needs it
@@ -148,19 +148,13 @@ class Schedule:
         rows = forkwork.shared_array((len(todo), self.plan.n))
         upper = forkwork.shared_array((len(todo),))
         tasks = forkwork.chunks(len(todo), _PREPARE_TASK)
-        count = 0
 
         def task(i: int) -> None:
             for j in tasks[i]:
                 row, up = self._exact_row(todo[j])
                 rows[j], upper[j] = row, float(up)
 
-        def done(i: int) -> None:
-            nonlocal count
-            for _ in tasks[i]:
-                count += 1
-                progress.tick(count, len(todo), "exact loss, observer")
-
+        done = forkwork.ticks([len(t) for t in tasks], "exact loss, observer")
         with one_thread():  # one BLAS thread per child: the children take the cores
             forkwork.fill(task, len(tasks), done=done)
         for j, v in enumerate(todo):
