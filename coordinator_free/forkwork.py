@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["chunks", "cores", "fill", "shared_array", "ticks"]
+__all__ = ["chunks", "cores", "fill", "fill_numeric", "shared_array", "ticks"]
 
 _RECORD = struct.Struct("<I")
 #: A pipe holds 64 KiB on Linux: all the task numbers are written before the fork.
@@ -46,6 +46,18 @@ def cores() -> int:
 def chunks(count: int, size: int) -> list[range]:
     """``range(count)`` cut into consecutive tasks of ``size`` items (the last one shorter)."""
     return [range(k, min(k + size, count)) for k in range(0, count, size)]
+
+
+def fill_numeric(task: Callable[[int], None], count: int, *, done=None) -> None:
+    """:func:`fill` for numpy, scipy and LAPACK work: BLAS and LAPACK held to one thread in each
+    child (the children take the cores), with scipy.linalg loaded first so that the limit
+    reaches its own OpenBLAS too (:func:`coordinator_free.blas.one_thread`)."""
+    import scipy.linalg  # noqa: F401 - loaded before the limit below, so that it applies to it
+
+    from coordinator_free.blas import one_thread
+
+    with one_thread():
+        fill(task, count, done=done)
 
 
 def ticks(sizes: list[int], what: str) -> Callable[[int], None]:

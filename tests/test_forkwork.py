@@ -129,3 +129,18 @@ def test_ticks_count_every_item_of_each_finished_task(monkeypatch):
     done(1)
     done(0)
     assert seen == [(k, 5, "observer") for k in range(1, 6)]
+
+
+def test_fill_numeric_holds_every_blas_to_one_thread_scipys_own_included():
+    from threadpoolctl import threadpool_info
+
+    seen = forkwork.shared_array((4,))
+
+    def task(i: int) -> None:
+        import scipy.linalg  # noqa: F401 - its OpenBLAS must be under the limit as well
+
+        blas = [p for p in threadpool_info() if p["user_api"] == "blas"]
+        seen[i] = max(p["num_threads"] for p in blas)
+
+    forkwork.fill_numeric(task, 4)
+    assert seen.tolist() == [1.0] * 4

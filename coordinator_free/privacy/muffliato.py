@@ -896,10 +896,6 @@ def _fill_observers(fn, batches: list[list[int]], out: np.ndarray, n: int) -> No
     hold the interpreter lock, so threads shared them poorly), with BLAS held to one thread in
     each so they do not oversubscribe the cores. Each observer's row is computed on its own, the
     same way in any process."""
-    import scipy.linalg  # noqa: F401 - loaded before the limit below, so that it applies to it
-
-    from coordinator_free.blas import one_thread
-
     done = forkwork.ticks([len(b) for b in batches], "exact loss, observer")
     if n < _PARALLEL_MIN_N or forkwork.cores() < 2:
         for i, batch in enumerate(batches):
@@ -911,8 +907,7 @@ def _fill_observers(fn, batches: list[list[int]], out: np.ndarray, n: int) -> No
     def task(i: int) -> None:
         shared[batches[i]] = fn(batches[i])
 
-    with one_thread():
-        forkwork.fill(task, len(batches), done=done)
+    forkwork.fill_numeric(task, len(batches), done=done)
     out[...] = shared
 
 

@@ -138,10 +138,7 @@ class Schedule:
         todo = [v for v in observers if v not in self._exact]
         if self.plan.n <= acct.RATIONAL_MAX_NODES or len(todo) < 2:
             return
-        import scipy.linalg  # noqa: F401 - loaded before the BLAS limit below, so it applies
-
         from coordinator_free import forkwork
-        from coordinator_free.blas import one_thread
 
         if self._span is None:  # once, before the fork: every child needs it
             self._span = acct.fault_span(self.plan.W, self.steps)
@@ -155,8 +152,7 @@ class Schedule:
                 rows[j], upper[j] = row, float(up)
 
         done = forkwork.ticks([len(t) for t in tasks], "exact loss, observer")
-        with one_thread():  # one BLAS thread per child: the children take the cores
-            forkwork.fill(task, len(tasks), done=done)
+        forkwork.fill_numeric(task, len(tasks), done=done)
         for j, v in enumerate(todo):
             self._exact[v] = (np.array(rows[j]), bool(upper[j]))
 
