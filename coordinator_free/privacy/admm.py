@@ -480,15 +480,20 @@ def network_rdp(
     # log of the prefix sums sum_{j<=r} P(j) exp(x_j) (stable: cumulative logaddexp).
     pref = np.logaddexp.accumulate(logw + x) if m.size else np.array([])
 
-    def per(r: int) -> float:
-        log_tail = r * math.log1p(-p)
-        parts = [log_tail + ((a - 1.0) * eps_loc / (r + 1) if final_release else 0.0)]
-        if r >= 1:
-            parts.append(float(pref[r - 1]))
-        val = float(special.logsumexp(parts)) / (a - 1.0)
-        return min(max(val, 0.0), eps_loc)
-
     if steps is not None:
-        return float(sum(per(int(r)) for r in r_needed.tolist()))
-    rs = range(0, K_i) if final_release else range(T - 1, T - 1 - K_i, -1)
-    return float(sum(per(r) for r in rs))
+        rs = r_needed
+    elif final_release:
+        rs = np.arange(0, K_i, dtype=np.int64)
+    else:
+        rs = np.arange(T - 1, T - 1 - K_i, -1, dtype=np.int64)
+    # Each contribution's log-moment, for r remaining steps: the walk leaves the observer
+    # unseen to the end (then the final release, at gap r + 1) or first reaches it after j <= r
+    # steps (the prefix sum). All contributions at once; summed in order, as one by one.
+    vals = rs * math.log1p(-p)
+    if final_release:
+        vals = vals + (a - 1.0) * eps_loc / (rs + 1.0)
+    later = rs >= 1
+    if later.any():
+        vals[later] = np.logaddexp(vals[later], pref[rs[later] - 1])
+    vals = np.clip(vals / (a - 1.0), 0.0, eps_loc)
+    return float(sum(vals.tolist()))
