@@ -83,7 +83,6 @@ def test_the_record_unit_divides_the_sensitivity_by_the_smallest_shard():
     assert r_rec["worst_pair"]["eps"] < r_usr["worst_pair"]["eps"]
 
 
-@pytest.mark.slow  # two calibrations of the numerical Theorem 8.12 (about 50 s)
 def test_the_record_unit_calibrates_to_m_min_times_less_noise():
     """Calibration to the same target needs m_min times less noise (up to the tolerance term)."""
     rec = ap.make_plan(config.load(LASSO))
@@ -155,7 +154,6 @@ def test_calibration_meets_the_target_and_the_plan_agrees():
     assert rep["worst_pair"]["eps"] == pytest.approx(2.0, rel=1e-6)
 
 
-@pytest.mark.slow
 def test_calibration_of_the_numerical_theorem():
     cfg = config.load(LASSO)
     cal = family_of("admm").calibrate(cfg, 2.0, method="exact", budget="worst")

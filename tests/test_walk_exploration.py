@@ -14,7 +14,7 @@ must keep the hand-off's invariants:
   had (both known here from outside the logs).
 
 The quick variant runs a few hundred schedules; ``-m slow`` runs many more (its size is
-``WALK_EXPLORATION_PER_PROTOCOL``, default 10,000 per protocol, one worker process per core)."""
+``WALK_EXPLORATION_PER_PROTOCOL``, default 5,000 per protocol, one worker process per core)."""
 
 from __future__ import annotations
 
@@ -229,10 +229,18 @@ def explore(name: str, seed: int, tmp_path: Path | None = None, only: str | None
 
 def _admm_truth(plan, walks) -> dict[int, list[dict]]:
     """ADMM's exact losses for the true walks (each source's real contributions, Theorem 8.12
-    capped by local DP), observer -> [entry of every source]: what the audit may not go below."""
+    capped by local DP), observer -> [entry of every source]: what the audit may not go below.
+
+    Only the steps that were made count: a walk that ended early has none past its end. The
+    audit, from the logs, counts a step no log tells for every source, and a step offered to a
+    node that logged no step for it as that node's (it was that node's or nobody's): both at
+    least what happened (schedule 4350: token 1's step 6 is offered to node 0 and never made)."""
     from coordinator_free.families.admm import accountant as aa
 
-    steps, _ = aa.realised_contributions(plan, walks)
+    steps = [[[] for _ in range(plan.tokens)] for _ in range(plan.n)]
+    for w in walks:
+        for s, h in enumerate(w.holders[: plan.hops].tolist()):
+            steps[h][w.token].append(s + 1)
     per = []
     for u in range(plan.n):
         ldp = aa.ldp_entry(plan, sum(len(x) for x in steps[u]))
@@ -241,7 +249,7 @@ def _admm_truth(plan, walks) -> dict[int, list[dict]]:
 
 
 QUICK = 40  # schedules per protocol in the quick suite
-#: Fewer for admm, whose audits evaluate Theorem 8.12 numerically (the slow sweep runs 10,000)
+#: Fewer for admm, whose audits evaluate Theorem 8.12 numerically (the slow sweep runs 5,000)
 QUICK_OF = {"admm": 15}
 AUDIT_EVERY = 5  # the audit check on every fifth schedule
 
@@ -259,18 +267,18 @@ def test_explored_schedules_keep_the_hand_off_invariants(name, tmp_path):
 
 def _explore_range(name: str, seeds: range, tmp: str) -> int:
     """Schedules ``seeds`` of ``name`` (one worker's share), the audit check on every
-    hundredth; returns how many ran (an invariant broken raises)."""
+    fiftieth; returns how many ran (an invariant broken raises)."""
     for seed in seeds:
-        explore(name, seed, Path(tmp) if seed % 100 == 0 else None)
+        explore(name, seed, Path(tmp) if seed % 50 == 0 else None)
     return len(seeds)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(PROTOCOLS))
 def test_many_explored_schedules_keep_the_hand_off_invariants(name, tmp_path):
-    """10,000 schedules per protocol by default (WALK_EXPLORATION_PER_PROTOCOL), shared among
-    one worker process per core."""
-    count = int(os.environ.get("WALK_EXPLORATION_PER_PROTOCOL", "10000"))
+    """5,000 schedules per protocol by default (WALK_EXPLORATION_PER_PROTOCOL), shared among
+    one worker process per core, the audit check on every fiftieth."""
+    count = int(os.environ.get("WALK_EXPLORATION_PER_PROTOCOL", "5000"))
     workers = max(1, min(os.cpu_count() or 1, 4))
     seeds = range(QUICK, QUICK + count)
     shares = [seeds[i::workers] for i in range(workers)]
