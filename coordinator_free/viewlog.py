@@ -67,6 +67,13 @@ import numpy as np
 from coordinator_free.codec import ALLOWED_DTYPES, ARRAY_EXT, CodecError, pack, raw_bytes, unpack
 from coordinator_free.errors import CfreeError
 
+try:
+    # zlib's CRC-32, bit for bit, from ISA-L: about ten times faster on large values (a 1 MiB
+    # record's checksum took 0.25-0.43 ms with zlib here, 0.03 ms with ISA-L).
+    from isal.isal_zlib import crc32
+except ImportError:  # pragma: no cover - isal is a dependency; without it, zlib's own
+    crc32 = zlib.crc32
+
 try:  # POSIX advisory locks keep two processes from writing one log.
     import fcntl
 except ImportError:  # pragma: no cover - non-POSIX
@@ -237,7 +244,7 @@ class _Scan:
                 if len(payload) != length:  # the file shrank while being read
                     report(offset, "torn-tail", "file shrank while being read")
                     return
-                if zlib.crc32(payload) != crc:
+                if crc32(payload) != crc:
                     report(
                         offset,
                         "bad-checksum",
@@ -478,7 +485,7 @@ def _encode_parts(record: dict) -> list:
                     f"{record.get('k')!r} record is {len(payload)} bytes, over the limit "
                     f"{MAX_RECORD_BYTES}"
                 )
-            return [FRAME.pack(len(payload), zlib.crc32(payload)) + payload]
+            return [FRAME.pack(len(payload), crc32(payload)) + payload]
         else:
             rest = {k: v for k, v in record.items() if type(v) is not np.ndarray}
             head = pack(rest)
@@ -497,7 +504,7 @@ def _encode_parts(record: dict) -> list:
     crc = 0
     for piece in pieces:
         length += len(piece)
-        crc = zlib.crc32(piece, crc)
+        crc = crc32(piece, crc)
     if length > MAX_RECORD_BYTES:
         raise ValueError(
             f"{record.get('k')!r} record is {length} bytes, over the limit {MAX_RECORD_BYTES}"
