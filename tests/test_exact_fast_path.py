@@ -83,6 +83,38 @@ def test_fast_path_agrees_with_the_reference(kind, kw, steps, taken):
     np.testing.assert_allclose(one[:, 0], ref[obs, 3], rtol=0, atol=1e-9)
 
 
+TAKEN = [c for c in CASES if c[3] != "none"]
+
+
+@pytest.mark.parametrize("kind,kw,steps,taken", TAKEN, ids=[f"{c[0]}-T{c[2]}" for c in TAKEN])
+def test_the_three_readings_of_the_projector_agree(kind, kw, steps, taken):
+    """A few sources (Neumann iteration on G = I + E), up to n / 4 (triangular solves with the
+    Cholesky factor of G) and all of them (one in-place triangular product) read the same
+    diagonal, and it is the reference's."""
+    w = metropolis(kind, **kw)
+    n = w.shape[0]
+    ws = sp.csr_matrix(w)
+    few = np.array([0, n // 3, n - 1])
+    assert few.size <= mf._NEUMANN_SOURCES
+    mid = np.arange(n)[1 : 1 + n // 4]
+    ref = reference(w, steps)
+    compared = 0
+    for v in range(n):
+        start = [v, *mf._neighbours(w, v)]
+        every = mf._local_leverages(ws, [start], n, steps, np.arange(n))[0]
+        if every is None:
+            continue
+        got_few = mf._local_leverages(ws, [start], n, steps, few)[0]
+        np.testing.assert_allclose(got_few, every[few], rtol=1e-13, atol=1e-16)
+        if mid.size > mf._NEUMANN_SOURCES:
+            got_mid = mf._local_leverages(ws, [start], n, steps, mid)[0]
+            np.testing.assert_allclose(got_mid, every[mid], rtol=1e-13, atol=1e-16)
+        keep = few != v
+        np.testing.assert_allclose(got_few[keep], ref[v, few[keep]], rtol=1e-12, atol=1e-14)
+        compared += 1
+    assert compared > 0
+
+
 SMALL = [
     ("erdos_renyi", {"nodes": 12, "p": 0.3, "seed": 4}, 4),
     ("geometric", {"nodes": 12, "radius": 0.45, "seed": 2}, 3),
