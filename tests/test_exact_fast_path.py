@@ -83,7 +83,14 @@ def test_fast_path_agrees_with_the_reference(kind, kw, steps, taken):
     np.testing.assert_allclose(one[:, 0], ref[obs, 3], rtol=0, atol=1e-9)
 
 
-TAKEN = [c for c in CASES if c[3] != "none"]
+# Where the fast path is taken, plus two longer schedules whose bases drift measurably from
+# orthonormal (||Q^T Q - I||_F up to 6e-6 on the grid, 1.8e-6 on the graph), so that a wrong
+# reading of G (ignoring it, a transposed factor, too few Neumann steps) shows at first order
+# in every path, the middle one (16 < sources <= n / 4) included.
+TAKEN = [c for c in CASES if c[3] != "none"] + [
+    ("grid", {"rows": 10, "cols": 15}, 30, "some"),
+    ("erdos_renyi", {"nodes": 200, "p": 0.035, "seed": 2}, 25, "some"),
+]
 
 
 @pytest.mark.parametrize("kind,kw,steps,taken", TAKEN, ids=[f"{c[0]}-T{c[2]}" for c in TAKEN])
@@ -97,7 +104,9 @@ def test_the_three_readings_of_the_projector_agree(kind, kw, steps, taken):
     few = np.array([0, n // 3, n - 1])
     assert few.size <= mf._NEUMANN_SOURCES
     mid = np.arange(n)[1 : 1 + n // 4]
-    ref = reference(w, steps)
+    # Lax: on the long grid schedule some observers the fast path declines have a direction in
+    # the reference's ambiguous band; only observers the fast path takes are compared.
+    ref = reference(w, steps, strict=False)
     compared = 0
     for v in range(n):
         start = [v, *mf._neighbours(w, v)]
