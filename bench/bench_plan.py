@@ -20,13 +20,26 @@ spaced observers only and scales the times by n / K (for schedules whose referen
 hours); the output says so. ``--lax`` plans with ``strict=False`` (a rank decision in the
 ambiguous band is kept and counted instead of raising ``NumericalRankError``: needed for the
 geometric graph, whose reference raises at some observers).
+
+``--graph G --floor`` measures what the exact plan of one source of that graph cannot take less
+than with this method, whatever the code around its products: on one core, the products every
+observer's fast path needs, each timed alone on arrays of that observer's shapes (its T - 1
+sparse products of an n x deg block, the dense products of those Lanczos steps, and the Gram
+product of its n x (1 + deg T) basis that vouches for the projector), once per degree and
+summed over every observer; beside them the fast path itself on ``--sample`` evenly spaced
+observers (128 by default, scaled to n); plus what ``cfree plan`` spends before its observers,
+as it is now (interpreter and imports, graph, gossip matrix, spectral gap; the report's
+conversions to (eps, delta) are left out, so the floor errs low). The floor is that plus the
+products' CPU shared perfectly by the cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import resource
+import sys
 import time
 
 import numpy as np
@@ -74,6 +87,159 @@ def _timed(fn):
     w0, c0 = time.perf_counter(), _cpu()
     out = fn()
     return out, time.perf_counter() - w0, _cpu() - c0
+
+
+def _per_call(fn, seconds: float) -> float:
+    """Thread CPU seconds of one call of ``fn``: the least of repetitions lasting ``seconds``
+    in all (at least three)."""
+    fn()
+    best, spent, reps = math.inf, 0.0, 0
+    while spent < seconds or reps < 3:
+        t = time.thread_time()
+        fn()
+        dt = time.thread_time() - t
+        best, spent, reps = min(best, dt), spent + dt, reps + 1
+    return best
+
+
+def observer_floor(ws, degree: int, steps: int, seconds: float = 0.02) -> dict[str, float]:
+    """CPU seconds (one core) of the products an observer of the given degree needs in the exact
+    plan's fast path, each timed alone on arrays of its shapes (k = degree, r = 1 + k * steps):
+
+    * ``sparse``: its ``steps - 1`` sparse products ``W X`` of an n x k block (Lanczos steps;
+      fewer where its basis spans R^n sooner);
+    * ``blocks``: the dense products of those steps, each on its own: the projection of the new
+      block on the last two (``B^T Z`` and ``B C``, B n x 2k), its Gram matrix ``Z^T Z`` and its
+      orthonormalisation ``Z R^-1``;
+    * ``gram``: the Gram product ``Q^T Q`` of the n x r basis (which vouches for the projector).
+
+    Nothing of the factorisations, checks, solves, copies or calls around them is in it."""
+    n = ws.shape[0]
+    k = max(degree, 1)
+    # A basis stops growing once it spans R^n: after ceil((n - 1) / k) blocks.
+    steps = min(steps, -(-(n - 1) // k))
+    rng = np.random.default_rng(degree)
+    z = rng.standard_normal((n, k))
+    inv = np.triu(rng.standard_normal((k, k)))
+    r = min(n, 1 + k * steps)
+    q = rng.standard_normal((n, r))
+
+    def block(width: int) -> float:
+        """A step's dense products, projecting on ``width`` older columns."""
+        both = rng.standard_normal((n, width))
+        c = rng.standard_normal((width, k))
+        return (
+            _per_call(lambda: both.T @ z, seconds / 16)
+            + _per_call(lambda: both @ c, seconds / 16)
+            + _per_call(lambda: z.T @ z, seconds / 16)
+            + _per_call(lambda: z @ inv, seconds / 16)
+        )
+
+    # The first step projects on the first block (k + 1 columns), every later one on the last
+    # two blocks (2k columns, 2k + 1 at the second step: counted as 2k, so the floor errs low).
+    blocks = 0.0 if steps < 2 else block(k + 1) + (steps - 2) * block(2 * k)
+    return {
+        "sparse": (steps - 1) * _per_call(lambda: ws @ z, seconds / 4),
+        "blocks": blocks,
+        "gram": _per_call(lambda: q.T @ q, seconds / 4),
+    }
+
+
+def _import_seconds() -> float:
+    """Wall seconds of a fresh interpreter importing ``cfree``'s command line (best of three)."""
+    import subprocess
+
+    best = math.inf
+    for _ in range(3):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import coordinator_free.cli"], check=True)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def exact_floor(args) -> None:
+    """``--graph G --floor``: the least the exact plan of one source can take with this method
+    (see the module's doc), against the fast path on the same sampled observers."""
+    import os
+
+    import scipy.sparse as sp
+
+    from coordinator_free import config as config_mod
+    from coordinator_free import forkwork
+    from coordinator_free.blas import one_thread
+    from coordinator_free.families import family_of
+    from coordinator_free.privacy import muffliato
+
+    sets = list(GRAPHS[args.graph])
+    if args.steps:
+        sets.append(f"protocol.steps={args.steps}")
+    load0 = os.getloadavg()
+    imports = _import_seconds()
+    cfg = config_mod.load(None, sets)
+    t0 = time.perf_counter()
+    plan = family_of(cfg.protocol.name).make_plan(cfg)
+    make_plan = time.perf_counter() - t0
+    n, steps = plan.n, plan.steps
+    ws = sp.csr_matrix(plan.W)
+    degree = np.array([d for _, d in sorted(plan.graph.degree())], dtype=np.int64)
+    obs = np.linspace(0, n - 1, args.sample or 128).astype(int)
+    scale = n / obs.size
+    src = np.array([0])
+    # The primitives depend on an observer's degree only: timed once per degree, summed over
+    # every observer (no sampling). The fast path runs on the sampled observers, in tasks of the
+    # plan's size (a task reuses its work array from one observer to the next).
+    degrees, counts = np.unique(degree, return_counts=True)
+    parts = {"sparse": 0.0, "blocks": 0.0, "gram": 0.0}
+    with one_thread():
+        for i, (k, c) in enumerate(zip(degrees.tolist(), counts.tolist(), strict=True)):
+            for part, sec in observer_floor(ws, k, steps).items():
+                parts[part] += c * sec
+            print(f"\r  primitives, degree {i + 1}/{degrees.size}", end="", file=sys.stderr)
+        print("\r  the fast path on the sampled observers", end="", file=sys.stderr)
+        t = time.thread_time()
+        for task in forkwork.chunks(obs.size, muffliato._LOCAL_BATCH):
+            muffliato._observers_factors(
+                ws, plan.W, obs[task].tolist(), n, steps, src, not args.lax
+            )
+        fast = (time.thread_time() - t) * scale
+    print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
+    cores = len(os.sched_getaffinity(0))
+    rest = imports + make_plan
+    primitives = sum(parts.values())
+    res = {
+        "graph": args.graph,
+        "n": n,
+        "T": steps,
+        "cores": cores,
+        "per_observer_ms": {
+            **{part: 1e3 * sec / n for part, sec in parts.items()},
+            "fast_path_sampled": 1e3 * fast / n,
+        },
+        "fast_path_observers_sampled": int(obs.size),
+        "imports_s": imports,
+        "make_plan_s": make_plan,
+        "primitives_cpu_s": primitives,
+        "fast_path_cpu_s": fast,
+        "floor_one_source_s": rest + primitives / cores,
+        "fast_path_one_source_s": rest + fast / cores,
+        "load_start": load0,
+        "load_end": os.getloadavg(),
+    }
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return
+    per = res["per_observer_ms"]
+    print(f"{args.graph}: n={n} T={steps}, {cores} cores; load average {load0[0]:.2f} -> "
+          f"{res['load_end'][0]:.2f}")  # fmt: skip
+    print(f"  per observer, one core: sparse products {per['sparse']:.2f} ms, the steps' dense "
+          f"products {per['blocks']:.2f} ms, Gram product {per['gram']:.2f} ms (mean of every "
+          f"observer); the fast path {per['fast_path_sampled']:.2f} "
+          f"ms ({obs.size} observers sampled, x {scale:.1f})")  # fmt: skip
+    print(f"  the command before its observers: imports {imports:.2f} s, graph, gossip matrix "
+          f"and spectral gap {make_plan:.2f} s")  # fmt: skip
+    print(f"  one source, whole command: floor {res['floor_one_source_s']:.1f} s "
+          f"(primitives {primitives:.1f} s of CPU); the fast path shared perfectly "
+          f"{res['fast_path_one_source_s']:.1f} s ({fast:.1f} s of CPU)")  # fmt: skip
 
 
 def exact_without_symmetry(args) -> None:
@@ -165,7 +331,17 @@ def main() -> None:
     )
     ap.add_argument("--sample", type=int, help="with --graph: K observers only, times scaled to n")
     ap.add_argument("--lax", action="store_true", help="with --graph: strict=False (keep, count)")
+    ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="with --graph: the least one source can take with this method (its primitives)",
+    )
     args = ap.parse_args()
+    if args.floor and not args.graph:
+        ap.error("--floor needs --graph")
+    if args.graph and args.floor:
+        exact_floor(args)
+        return
     if args.graph:
         exact_without_symmetry(args)
         return

@@ -48,3 +48,55 @@ def test_cpu_per_step_cancels_what_a_run_spends_once(bench, monkeypatch):
     cpu, rate = bench.ring_cpu_per_step(run, 4, 40)
     assert rate == 123.0
     assert cpu == pytest.approx(2.0 / 4)
+
+
+PLAN_BENCH = BENCH.with_name("bench_plan.py")
+
+
+@pytest.fixture(scope="module")
+def plan_bench():
+    spec = importlib.util.spec_from_file_location("bench_plan_floor", PLAN_BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    yield mod
+    sys.modules.pop(spec.name, None)
+
+
+def test_plan_floor_counts_the_products_of_the_lanczos_steps_it_has(plan_bench):
+    import networkx as nx
+
+    from coordinator_free.graphs import gossip_matrix
+
+    ws = gossip_matrix(nx.cycle_graph(64), sparse=True)
+    one = plan_bench.observer_floor(ws, 2, 1, seconds=0.001)
+    assert set(one) == {"sparse", "blocks", "gram"}
+    # One step: the basis is the first block, no Lanczos step and so no product of one.
+    assert one["sparse"] == 0.0 and one["blocks"] == 0.0 and one["gram"] > 0.0
+    several = plan_bench.observer_floor(ws, 2, 5, seconds=0.001)
+    assert all(isinstance(s, float) and s > 0.0 for s in several.values()), several
+
+
+def test_plan_floor_needs_a_graph():
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, str(PLAN_BENCH), "--floor"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 2
+    assert "--floor needs --graph" in out.stderr
+
+
+def test_plan_floor_stops_where_the_basis_spans_the_space(plan_bench, monkeypatch):
+    import networkx as nx
+
+    from coordinator_free.graphs import gossip_matrix
+
+    # Every product counted as one unit: the parts then count the products.
+    monkeypatch.setattr(plan_bench, "_per_call", lambda fn, seconds: 1.0)
+    ws = gossip_matrix(nx.cycle_graph(16), sparse=True)
+    # Degree 2 on 16 nodes: the basis spans R^16 after ceil(15 / 2) = 8 blocks, so 7 Lanczos
+    # steps however long the schedule; each step has 4 dense products; one Gram product.
+    for steps, used in ((5, 5), (8, 8), (50, 8)):
+        got = plan_bench.observer_floor(ws, 2, steps)
+        assert got == {"sparse": used - 1, "blocks": 4 * (used - 1), "gram": 1.0}, (steps, got)
