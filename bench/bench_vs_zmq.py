@@ -23,7 +23,9 @@ Needs pyzmq (``pip install -e '.[bench]'``). Run: ``python bench/bench_vs_zmq.py
 CPU time per step goes, by part of the stack. ``--floor``: each side's CPU per node and step,
 and the least a cfree step can cost (its digests, AEAD passes, logged values and loopback TCP
 messages alone), so the highest ratio this machine allows and what the code around those
-primitives costs.
+primitives costs. ``--skeleton``: ZeroMQ, a skeleton ring (nodes that do the same digests, AEAD
+passes and logged values with the least Python and asyncio around them: no handshake, envelope,
+validation, engine or faults) and cfree in the same run, values logged.
 """
 
 from __future__ import annotations
@@ -111,14 +113,15 @@ def _zmq_node(node: int, n: int, dim: int, steps: int, ports_in, report) -> None
     ctx.term()
 
 
-def zmq_gossip(n: int, dim: int, steps: int) -> float:
-    """steps/s of the zmq ring."""
+def _ring(args_of, target, n: int, steps: int) -> float:
+    """steps/s of a ring of ``n`` forked processes running ``target(*args_of(i, inbox,
+    report))``: each reports ``("port", i, port)``, gets every node's port from its inbox, then
+    reports when it is ``connected`` and when ``finished``; from the last connected to the last
+    finished."""
     ctx = mp.get_context("fork")
     report = ctx.Queue()
     inboxes = [ctx.Queue() for _ in range(n)]
-    procs = [
-        ctx.Process(target=_zmq_node, args=(i, n, dim, steps, inboxes[i], report)) for i in range(n)
-    ]
+    procs = [ctx.Process(target=target, args=args_of(i, inboxes[i], report)) for i in range(n)]
     for p in procs:
         p.start()
     try:
@@ -135,12 +138,172 @@ def zmq_gossip(n: int, dim: int, steps: int) -> float:
         for p in procs:
             p.join(60)
             if p.exitcode != 0:
-                raise SystemExit(f"zmq node exited with {p.exitcode}")
+                raise SystemExit(f"{target.__name__}: a node exited with {p.exitcode}")
     finally:
         for p in procs:
             if p.is_alive():
                 p.kill()
     return steps / (max(times["finished"].values()) - max(times["connected"].values()))
+
+
+def zmq_gossip(n: int, dim: int, steps: int) -> float:
+    """steps/s of the zmq ring."""
+    return _ring(lambda i, inbox, report: (i, n, dim, steps, inbox, report), _zmq_node, n, steps)
+
+
+# --------------------------------------------------------------------------- skeleton side
+
+
+def _skeleton_node(
+    node: int, n: int, dim: int, steps: int, log_path: str | None, ports_in, report
+) -> None:
+    """A ring node doing the work of a cfree step and nothing else: what the least Python
+    around that work costs. One asyncio protocol (uvloop) per neighbour link, one callback per
+    read and one per step; per step it digests the value it sends and the two it receives
+    (SHA-256), seals a frame to each neighbour and opens one from each (AES-256-GCM, a counter
+    nonce, the frame's length as associated data), appends the step's records (the sent
+    value's digest, each received value's digest and, with ``log_path``, the value, each with
+    a CRC-32) to its log in one write (its old pages advised out of the page cache, as a view
+    log's are), and averages. No handshake (fixed keys), no envelope,
+    no validation, no engine, no faults: not a peer, a measure of Python and asyncio."""
+    import asyncio
+    import hashlib
+    import struct
+
+    import uvloop
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    from coordinator_free.viewlog import crc32
+
+    length = struct.Struct(">I")
+    record = struct.Struct(">IIQI")  # length, CRC-32, step, sender
+    nonce = struct.Struct(">4xQ")
+    bye = (1 << 64) - 1
+    left, right = (node - 1) % n, (node + 1) % n
+
+    def key(a: int, b: int) -> AESGCM:
+        return AESGCM(hashlib.sha256(b"skeleton %d %d" % (a, b)).digest())
+
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND) if log_path else None
+    if fd is None:
+        fd = os.open(os.devnull, os.O_WRONLY)
+    state = {"t": 0, "x": np.random.default_rng(node).random(dim), "links": {}, "byes": set()}
+    pending: dict[int, dict[int, np.ndarray]] = {}
+    pieces: list[bytes] = []
+    done = asyncio.Event()
+
+    def log(step: int, sender: int, value: np.ndarray, with_value: bool) -> None:
+        body = hashlib.sha256(value).digest()
+        if with_value:
+            body += value.tobytes()
+        pieces.append(record.pack(len(body) + 12, crc32(body), step, sender) + body)
+
+    class Link(asyncio.Protocol):
+        def __init__(self, peer: int | None = None) -> None:
+            self.peer = peer
+            self.buf = bytearray()
+            self.sent = self.got = 0
+
+        def connection_made(self, transport) -> None:
+            self.transport = transport
+            if self.peer is None:  # the server side: the only one to connect is the left
+                self.peer = left
+            self.seal, self.open = key(node, self.peer), key(self.peer, node)
+            state["links"][self.peer] = self
+            if len(state["links"]) == 2:
+                report.put(("connected", node, time.monotonic()))
+                for link in state["links"].values():
+                    link.send(0, state["x"])
+
+        def send(self, step: int, value: np.ndarray | None) -> None:
+            plain = struct.pack(">Q", step) + (b"" if value is None else value.tobytes())
+            head = length.pack(len(plain) + 16)
+            sealed = self.seal.encrypt(nonce.pack(self.sent), plain, head)
+            self.sent += 1
+            self.transport.writelines((head, sealed))
+
+        def data_received(self, data: bytes) -> None:
+            buf = self.buf
+            buf += data
+            while len(buf) >= 4:
+                size = length.unpack_from(buf)[0]
+                if len(buf) < 4 + size:
+                    break
+                plain = self.open.decrypt(nonce.pack(self.got), bytes(buf[4 : 4 + size]), buf[:4])
+                self.got += 1
+                del buf[: 4 + size]
+                step = struct.unpack_from(">Q", plain)[0]
+                if step == bye:
+                    state["byes"].add(self.peer)
+                    if len(state["byes"]) == 2 and state["t"] == steps:
+                        done.set()
+                    continue
+                pending.setdefault(step, {})[self.peer] = np.frombuffer(plain, offset=8)
+            advance()
+
+    def advance() -> None:
+        t = state["t"]
+        while t < steps and len(pending.get(t, ())) == 2:
+            got = pending.pop(t)
+            x = state["x"]
+            log(t, node, x, False)
+            for sender, value in got.items():
+                log(t, sender, value, log_path is not None)
+            state["written"] = state.get("written", 0) + os.writev(fd, pieces)
+            pieces.clear()
+            if state["written"] >= state.get("advised", 0) + (16 << 20):
+                # As a view log does: pages more than 8 MiB behind the end leave the cache.
+                state["advised"] = state["written"]
+                os.posix_fadvise(fd, 0, state["written"] - (8 << 20), os.POSIX_FADV_DONTNEED)
+            x = (x + got[left] + got[right]) / 3.0
+            state["x"], t = x, t + 1
+            state["t"] = t
+            if t < steps:
+                for link in state["links"].values():
+                    link.send(t, x)
+        if t == steps and "finished" not in state:
+            state["finished"] = True
+            report.put(("finished", node, time.monotonic()))
+            for link in state["links"].values():
+                link.send(bye, None)
+            if len(state["byes"]) == 2:
+                done.set()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(Link, "127.0.0.1", 0)
+        report.put(("port", node, server.sockets[0].getsockname()[1]))
+        ports = await loop.run_in_executor(None, ports_in.get)
+        await loop.create_connection(lambda: Link(right), "127.0.0.1", ports[right])
+        await done.wait()
+        for link in state["links"].values():
+            link.transport.close()
+        server.close()
+
+    uvloop.run(main())
+    os.close(fd)
+
+
+def skeleton_gossip(n: int, dim: int, steps: int, work: Path, log_values: bool) -> float:
+    """steps/s of the skeleton ring (:func:`_skeleton_node`)."""
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        return _ring(
+            lambda i, inbox, report: (
+                i,
+                n,
+                dim,
+                steps,
+                str(work / f"log-{i}") if log_values else None,
+                inbox,
+                report,
+            ),
+            _skeleton_node,
+            n,
+            steps,
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- cfree side
@@ -366,7 +529,11 @@ def floor_main(args) -> int:
                 def cfree(s: int, dim=dim, log_values=log_values, work=work) -> float:
                     return cfree_gossip(args.nodes, dim, s, work / str(s), log_values)
 
+                def skeleton(s: int, dim=dim, log_values=log_values, work=work) -> float:
+                    return skeleton_gossip(args.nodes, dim, s, work / f"s{s}", log_values)
+
                 cpu, rate = ring_cpu_per_step(cfree, args.nodes, steps)
+                sk_cpu, sk_rate = ring_cpu_per_step(skeleton, args.nodes, steps)
                 floor = step_floor(dim, log_values)
                 least = sum(floor.values())
                 rows.append(
@@ -379,6 +546,8 @@ def floor_main(args) -> int:
                         "zmq_steps_per_s": zmq_rate,
                         "cfree_cpu_per_step_s": cpu,
                         "cfree_steps_per_s": rate,
+                        "skeleton_cpu_per_step_s": sk_cpu,
+                        "skeleton_steps_per_s": sk_rate,
                         "floor_s": floor,
                         "floor_per_step_s": least,
                         "ceiling_ratio": zmq_cpu / least,
@@ -403,6 +572,10 @@ def floor_main(args) -> int:
             f"  cfree {r['cfree_cpu_per_step_s'] * us:9.1f} us per step "
             f"({r['cfree_steps_per_s']:.1f} steps/s); zmq / cfree CPU: {r['cpu_ratio']:.2f}"
         )
+        print(
+            f"  skeleton {r['skeleton_cpu_per_step_s'] * us:6.1f} us per step "
+            f"({r['skeleton_steps_per_s']:.1f} steps/s): the same primitives, the least Python"
+        )
         print(f"  floor {r['floor_per_step_s'] * us:9.1f} us per step:")
         for part, s in r["floor_s"].items():
             print(f"    {part:<28} {s * us:9.1f} us")
@@ -410,6 +583,49 @@ def floor_main(args) -> int:
             f"  highest ratio the floor allows (zmq CPU / floor): {r['ceiling_ratio']:.2f}; "
             f"cfree's code around the primitives: "
             f"{(r['cfree_cpu_per_step_s'] - r['floor_per_step_s']) * us:.1f} us per step"
+        )
+    return 0
+
+
+def skeleton_main(args) -> int:
+    """ZeroMQ, the skeleton ring and cfree in the same run, values logged: how far cfree's
+    per-step code is from the least Python and asyncio around the same work."""
+    rows = []
+    load0 = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="cfree-bench-skeleton-") as tmp:
+        for label, dim, steps in CASES:
+            steps = max(2, round(steps * args.steps_scale))
+            best = {"zmq": 0.0, "skeleton": 0.0, "cfree": 0.0}
+            for k in range(args.repeat):  # alternating, so a busy moment hits every side
+                work = Path(tmp) / str(k)
+                best["zmq"] = max(best["zmq"], zmq_gossip(args.nodes, dim, steps))
+                rate = skeleton_gossip(args.nodes, dim, steps, work / "skeleton", True)
+                best["skeleton"] = max(best["skeleton"], rate)
+                best["cfree"] = max(best["cfree"], cfree_gossip(args.nodes, dim, steps, work, True))
+            rows.append(
+                {
+                    "case": label,
+                    "dim": dim,
+                    "steps": steps,
+                    **{f"{side}_steps_per_s": rate for side, rate in best.items()},
+                    "skeleton_ratio": best["skeleton"] / best["zmq"],
+                    "cfree_ratio": best["cfree"] / best["zmq"],
+                }
+            )
+    head = (
+        f"ring of {args.nodes} nodes, values logged, best of {args.repeat} alternating runs: "
+        "steps/s, and the ratio to ZeroMQ"
+    )
+    if _json_or_head(args, rows, load0, head):
+        return 0
+    print(
+        f"{'case':<24} {'steps':>6} {'ZeroMQ':>9} {'skeleton':>9} {'ratio':>6} {'cfree':>9} {'ratio':>6}"
+    )
+    for r in rows:
+        print(
+            f"{r['case']:<24} {r['steps']:>6} {r['zmq_steps_per_s']:>9.1f} "
+            f"{r['skeleton_steps_per_s']:>9.1f} {r['skeleton_ratio']:>6.2f} "
+            f"{r['cfree_steps_per_s']:>9.1f} {r['cfree_ratio']:>6.2f}"
         )
     return 0
 
@@ -433,9 +649,17 @@ def main() -> int:
         help="instead of the comparison: each side's CPU per node and step, and the least a "
         "cfree step can cost (its digests, AEAD, logged values and loopback TCP alone)",
     )
+    ap.add_argument(
+        "--skeleton",
+        action="store_true",
+        help="instead of the comparison: ZeroMQ, a skeleton ring (the same digests, AEAD and "
+        "logged values with the least Python and asyncio around them) and cfree, values logged",
+    )
     args = ap.parse_args()
     if args.budget:
         return budget_main(args)
+    if args.skeleton:
+        return skeleton_main(args)
     if args.floor:
         return floor_main(args)
     try:

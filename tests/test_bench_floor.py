@@ -100,3 +100,12 @@ def test_plan_floor_stops_where_the_basis_spans_the_space(plan_bench, monkeypatc
     for steps, used in ((5, 5), (8, 8), (50, 8)):
         got = plan_bench.observer_floor(ws, 2, steps)
         assert got == {"sparse": used - 1, "blocks": 4 * (used - 1), "gram": 1.0}, (steps, got)
+
+
+def test_the_skeleton_ring_completes_and_leaves_no_log_behind(bench, tmp_path):
+    # Real processes on loopback: three nodes, a few steps, values logged and not.
+    for log_values in (True, False):
+        work = tmp_path / f"skeleton-{log_values}"
+        rate = bench.skeleton_gossip(3, 4, 25, work, log_values)
+        assert rate > 0.0
+        assert not work.exists()
