@@ -86,14 +86,18 @@ def test_fast_path_agrees_with_the_reference(kind, kw, steps, taken):
 # Where the fast path is taken, plus two longer schedules whose bases drift measurably from
 # orthonormal (||Q^T Q - I||_F up to 6e-6 on the grid, 1.8e-6 on the graph), so that a wrong
 # reading of G (ignoring it, a transposed factor, too few Neumann steps) shows at first order
-# in every path, the middle one (16 < sources <= n / 4) included.
-TAKEN = [c for c in CASES if c[3] != "none"] + [
+# in every path, the middle one (16 < sources <= n / 4) included. Those two take 3 to 4 s
+# each: they run with the slow suites.
+DRIFTING = [
     ("grid", {"rows": 10, "cols": 15}, 30, "some"),
     ("erdos_renyi", {"nodes": 200, "p": 0.035, "seed": 2}, 25, "some"),
 ]
+TAKEN = [pytest.param(*c, id=f"{c[0]}-T{c[2]}") for c in CASES if c[3] != "none"] + [
+    pytest.param(*c, id=f"{c[0]}-T{c[2]}", marks=pytest.mark.slow) for c in DRIFTING
+]
 
 
-@pytest.mark.parametrize("kind,kw,steps,taken", TAKEN, ids=[f"{c[0]}-T{c[2]}" for c in TAKEN])
+@pytest.mark.parametrize("kind,kw,steps,taken", TAKEN)
 def test_the_three_readings_of_the_projector_agree(kind, kw, steps, taken):
     """A few sources (Neumann iteration on G = I + E), up to n / 4 (triangular solves with the
     Cholesky factor of G) and all of them (one in-place triangular product) read the same
