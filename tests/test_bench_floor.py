@@ -1,4 +1,5 @@
-"""bench/bench_vs_zmq.py --floor: the floor of a step is made of the primitives it names."""
+"""bench/bench_vs_zmq.py --floor and --skeleton, bench/bench_plan.py --floor: each floor is made
+of the primitives it names, and the skeleton ring runs."""
 
 from __future__ import annotations
 
@@ -9,16 +10,27 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_vs_zmq.py"
+PLAN_BENCH = BENCH.with_name("bench_plan.py")
 
 
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_vs_zmq_floor", BENCH)
+def _script(path: Path, name: str):
+    """A benchmark script loaded as a module (yielded, then forgotten)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     yield mod
     sys.modules.pop(spec.name, None)
+
+
+@pytest.fixture(scope="module")
+def bench():
+    yield from _script(BENCH, "bench_vs_zmq_floor")
+
+
+@pytest.fixture(scope="module")
+def plan_bench():
+    yield from _script(PLAN_BENCH, "bench_plan_floor")
 
 
 def test_floor_parts_follow_whether_values_are_logged(bench):
@@ -48,19 +60,6 @@ def test_cpu_per_step_cancels_what_a_run_spends_once(bench, monkeypatch):
     cpu, rate = bench.ring_cpu_per_step(run, 4, 40)
     assert rate == 123.0
     assert cpu == pytest.approx(2.0 / 4)
-
-
-PLAN_BENCH = BENCH.with_name("bench_plan.py")
-
-
-@pytest.fixture(scope="module")
-def plan_bench():
-    spec = importlib.util.spec_from_file_location("bench_plan_floor", PLAN_BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    yield mod
-    sys.modules.pop(spec.name, None)
 
 
 def test_plan_floor_counts_the_products_of_the_lanczos_steps_it_has(plan_bench):
