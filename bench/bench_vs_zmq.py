@@ -656,6 +656,8 @@ def main() -> int:
         "logged values with the least Python and asyncio around them) and cfree, values logged",
     )
     args = ap.parse_args()
+    if args.nodes < 3:
+        ap.error("--nodes must be at least 3 (a ring where every node has two neighbours)")
     if args.budget:
         return budget_main(args)
     if args.skeleton:
