@@ -25,7 +25,9 @@ and the least a cfree step can cost (its digests, AEAD passes, logged values and
 messages alone), so the highest ratio this machine allows and what the code around those
 primitives costs. ``--skeleton``: ZeroMQ, a skeleton ring (nodes that do the same digests, AEAD
 passes and logged values with the least Python and asyncio around them: no handshake, envelope,
-validation, engine or faults) and cfree in the same run, values logged.
+validation, engine or faults), a ring on cfree's transport alone (its channels, frames,
+envelopes, stream readers and event queue, with a bare step loop: no engine, digests or view
+log) and cfree in the same run, values logged.
 """
 
 from __future__ import annotations
@@ -306,6 +308,107 @@ def skeleton_gossip(n: int, dim: int, steps: int, work: Path, log_values: bool) 
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _transport_node(
+    node: int, n: int, dim: int, steps: int, keys, roster, socks, ports_in, report
+) -> None:
+    """A ring node on cfree's transport alone (:class:`PeerNet`: authenticated channels, AEAD
+    frames, envelopes, the stream readers and the event queue) with a bare step loop: no step
+    engine, no digests, no view log. Between the skeleton and cfree: what the transport costs."""
+    import asyncio
+
+    import uvloop
+
+    from coordinator_free.net.transport import Inbound, PeerNet
+    from coordinator_free.net.wire import Message
+
+    left, right = (node - 1) % n, (node + 1) % n
+    addresses = {i: sock.getsockname()[:2] for i, sock in socks.items()}
+    for i, sock in socks.items():
+        if i != node:
+            sock.close()
+
+    async def main() -> None:
+        net = PeerNet(
+            node_id=node,
+            static_key=keys[node],
+            roster_keys=roster,
+            addresses=addresses,
+            run_id=b"bench-transport-ring",
+            neighbours=[left, right],
+            reconnect=False,
+            handshake_timeout=60.0,
+        )
+        report.put(("port", node, addresses[node][1]))
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, ports_in.get)
+        await net.start(socks[node])
+        await net.connect(120.0)
+        report.put(("connected", node, time.monotonic()))
+        pending: dict[int, dict[int, np.ndarray]] = {}
+        done: set[int] = set()
+
+        async def take() -> None:
+            ev = await net.next_event(120.0)
+            if isinstance(ev, Inbound):
+                if ev.message.kind == "done":
+                    done.add(ev.peer)
+                else:
+                    pending.setdefault(ev.message.step, {})[ev.peer] = ev.message.payload
+            elif ev is None:
+                raise SystemExit(f"transport node {node}: nothing arrived within 120 s")
+
+        x = np.random.default_rng(node).random(dim)
+        for t in range(steps):
+            msg = Message(kind="value", round=0, step=t, payload=x)
+            parts = net.encode(msg)
+            for peer in (left, right):
+                wait = net.send_now(peer, msg, parts=parts)
+                if wait is not None:
+                    await wait
+            while len(pending.get(t, ())) < 2:
+                await take()
+            got = pending.pop(t)
+            x = (x + got[left] + got[right]) / 3.0
+        report.put(("finished", node, time.monotonic()))
+        bye = Message(kind="done", round=0, step=steps)
+        for peer in (left, right):
+            await net.send(peer, bye)
+        while len(done) < 2:
+            await take()
+        await net.close()
+
+    uvloop.run(main())
+
+
+def transport_gossip(n: int, dim: int, steps: int) -> float:
+    """steps/s of the ring on cfree's transport alone (:func:`_transport_node`)."""
+    import socket
+
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    keys = {i: X25519PrivateKey.generate() for i in range(n)}
+    roster = {
+        i: k.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) for i, k in keys.items()
+    }
+    socks = {}
+    for i in range(n):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        socks[i] = sock
+    try:
+        return _ring(
+            lambda i, inbox, report: (i, n, dim, steps, keys, roster, socks, inbox, report),
+            _transport_node,
+            n,
+            steps,
+        )
+    finally:
+        for sock in socks.values():
+            sock.close()
+
+
 # --------------------------------------------------------------------------- cfree side
 
 
@@ -523,6 +626,10 @@ def floor_main(args) -> int:
             zmq_cpu, zmq_rate = ring_cpu_per_step(
                 lambda s, dim=dim: zmq_gossip(args.nodes, dim, s), args.nodes, steps
             )
+            # cfree's transport with a bare step loop (no digests, no view log): once per case.
+            tr_cpu, tr_rate = ring_cpu_per_step(
+                lambda s, dim=dim: transport_gossip(args.nodes, dim, s), args.nodes, steps
+            )
             for log_values in (True, False):
                 work = Path(tmp) / f"{dim}-{log_values}"
 
@@ -548,6 +655,8 @@ def floor_main(args) -> int:
                         "cfree_steps_per_s": rate,
                         "skeleton_cpu_per_step_s": sk_cpu,
                         "skeleton_steps_per_s": sk_rate,
+                        "transport_cpu_per_step_s": tr_cpu,
+                        "transport_steps_per_s": tr_rate,
                         "floor_s": floor,
                         "floor_per_step_s": least,
                         "ceiling_ratio": zmq_cpu / least,
@@ -576,6 +685,10 @@ def floor_main(args) -> int:
             f"  skeleton {r['skeleton_cpu_per_step_s'] * us:6.1f} us per step "
             f"({r['skeleton_steps_per_s']:.1f} steps/s): the same primitives, the least Python"
         )
+        print(
+            f"  transport {r['transport_cpu_per_step_s'] * us:5.1f} us per step "
+            f"({r['transport_steps_per_s']:.1f} steps/s): cfree's transport, a bare step loop"
+        )
         print(f"  floor {r['floor_per_step_s'] * us:9.1f} us per step:")
         for part, s in r["floor_s"].items():
             print(f"    {part:<28} {s * us:9.1f} us")
@@ -588,28 +701,34 @@ def floor_main(args) -> int:
 
 
 def skeleton_main(args) -> int:
-    """ZeroMQ, the skeleton ring and cfree in the same run, values logged: how far cfree's
-    per-step code is from the least Python and asyncio around the same work."""
+    """ZeroMQ, the skeleton ring, the ring on cfree's transport alone and cfree in the same run,
+    values logged: how far cfree's per-step code is from the least Python and asyncio around the
+    same work, and how much of the distance its transport makes."""
     rows = []
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="cfree-bench-skeleton-") as tmp:
         for label, dim, steps in CASES:
             steps = max(2, round(steps * args.steps_scale))
-            best = {"zmq": 0.0, "skeleton": 0.0, "cfree": 0.0}
+            best = {"zmq": 0.0, "skeleton": 0.0, "transport": 0.0, "cfree": 0.0}
             for k in range(args.repeat):  # alternating, so a busy moment hits every side
                 work = Path(tmp) / str(k)
-                best["zmq"] = max(best["zmq"], zmq_gossip(args.nodes, dim, steps))
-                rate = skeleton_gossip(args.nodes, dim, steps, work / "skeleton", True)
-                best["skeleton"] = max(best["skeleton"], rate)
-                best["cfree"] = max(best["cfree"], cfree_gossip(args.nodes, dim, steps, work, True))
+                rates = {
+                    "zmq": zmq_gossip(args.nodes, dim, steps),
+                    "skeleton": skeleton_gossip(args.nodes, dim, steps, work / "skeleton", True),
+                    "transport": transport_gossip(args.nodes, dim, steps),
+                    "cfree": cfree_gossip(args.nodes, dim, steps, work, True),
+                }
+                best = {side: max(best[side], rate) for side, rate in rates.items()}
             rows.append(
                 {
                     "case": label,
                     "dim": dim,
                     "steps": steps,
                     **{f"{side}_steps_per_s": rate for side, rate in best.items()},
-                    "skeleton_ratio": best["skeleton"] / best["zmq"],
-                    "cfree_ratio": best["cfree"] / best["zmq"],
+                    **{
+                        f"{side}_ratio": best[side] / best["zmq"]
+                        for side in ("skeleton", "transport", "cfree")
+                    },
                 }
             )
     head = (
@@ -618,14 +737,14 @@ def skeleton_main(args) -> int:
     )
     if _json_or_head(args, rows, load0, head):
         return 0
+    sides = ("skeleton", "transport", "cfree")
     print(
-        f"{'case':<24} {'steps':>6} {'ZeroMQ':>9} {'skeleton':>9} {'ratio':>6} {'cfree':>9} {'ratio':>6}"
+        f"{'case':<24} {'steps':>6} {'ZeroMQ':>9}" + "".join(f" {s:>9} {'ratio':>6}" for s in sides)
     )
     for r in rows:
         print(
-            f"{r['case']:<24} {r['steps']:>6} {r['zmq_steps_per_s']:>9.1f} "
-            f"{r['skeleton_steps_per_s']:>9.1f} {r['skeleton_ratio']:>6.2f} "
-            f"{r['cfree_steps_per_s']:>9.1f} {r['cfree_ratio']:>6.2f}"
+            f"{r['case']:<24} {r['steps']:>6} {r['zmq_steps_per_s']:>9.1f}"
+            + "".join(f" {r[s + '_steps_per_s']:>9.1f} {r[s + '_ratio']:>6.2f}" for s in sides)
         )
     return 0
 
@@ -653,7 +772,8 @@ def main() -> int:
         "--skeleton",
         action="store_true",
         help="instead of the comparison: ZeroMQ, a skeleton ring (the same digests, AEAD and "
-        "logged values with the least Python and asyncio around them) and cfree, values logged",
+        "logged values with the least Python and asyncio around them), a ring on cfree's "
+        "transport alone, and cfree, values logged",
     )
     args = ap.parse_args()
     if args.nodes < 3:

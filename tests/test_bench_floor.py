@@ -108,3 +108,8 @@ def test_the_skeleton_ring_completes_and_leaves_no_log_behind(bench, tmp_path):
         rate = bench.skeleton_gossip(3, 4, 25, work, log_values)
         assert rate > 0.0
         assert not work.exists()
+
+
+def test_the_ring_on_cfrees_transport_alone_completes(bench):
+    # Three real processes, each a PeerNet with its own key, over loopback.
+    assert bench.transport_gossip(3, 4, 25) > 0.0
