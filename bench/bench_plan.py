@@ -89,6 +89,16 @@ def _timed(fn):
     return out, time.perf_counter() - w0, _cpu() - c0
 
 
+def _graph_config(args):
+    """``(sets, config)`` of ``--graph`` as ``cfree plan`` builds it (``--steps``: T)."""
+    from coordinator_free import config as config_mod
+
+    sets = list(GRAPHS[args.graph])
+    if args.steps:
+        sets.append(f"protocol.steps={args.steps}")
+    return sets, config_mod.load(None, sets)
+
+
 def _per_call(fn, seconds: float) -> float:
     """Thread CPU seconds of one call of ``fn``: the least of repetitions lasting ``seconds``
     in all (at least three)."""
@@ -164,18 +174,14 @@ def exact_floor(args) -> None:
 
     import scipy.sparse as sp
 
-    from coordinator_free import config as config_mod
     from coordinator_free import forkwork
     from coordinator_free.blas import one_thread
     from coordinator_free.families import family_of
     from coordinator_free.privacy import muffliato
 
-    sets = list(GRAPHS[args.graph])
-    if args.steps:
-        sets.append(f"protocol.steps={args.steps}")
     load0 = os.getloadavg()
     imports = _import_seconds()
-    cfg = config_mod.load(None, sets)
+    _, cfg = _graph_config(args)
     t0 = time.perf_counter()
     plan = family_of(cfg.protocol.name).make_plan(cfg)
     make_plan = time.perf_counter() - t0
@@ -247,14 +253,10 @@ def exact_without_symmetry(args) -> None:
     import os
     import resource
 
-    from coordinator_free import config as config_mod
     from coordinator_free.families import family_of
     from coordinator_free.privacy import muffliato
 
-    sets = list(GRAPHS[args.graph])
-    if args.steps:
-        sets.append(f"protocol.steps={args.steps}")
-    cfg = config_mod.load(None, sets)
+    sets, cfg = _graph_config(args)
     plan = family_of(cfg.protocol.name).make_plan(cfg)
     res: dict = {
         "graph": args.graph,

@@ -58,6 +58,12 @@ from coordinator_free.peer import budget as peer_budget
 CASES = (("small (8 floats)", 8, 2000), ("1 MiB (131072 floats)", 131072, 300))
 
 
+def _cases(args, least: int = 2):
+    """``CASES`` with every case's steps scaled by ``--steps-scale`` (at least ``least``)."""
+    for label, dim, steps in CASES:
+        yield label, dim, max(least, round(steps * args.steps_scale))
+
+
 # --------------------------------------------------------------------------- zmq side
 
 
@@ -474,8 +480,7 @@ def budget_main(args) -> int:
     rows = []
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="cfree-bench-budget-") as tmp:
-        for label, dim, steps in CASES:
-            steps = max(2, round(steps * args.steps_scale))
+        for label, dim, steps in _cases(args):
             for log_values in (True, False):
                 best = None
                 for k in range(args.repeat):
@@ -621,8 +626,7 @@ def floor_main(args) -> int:
     rows = []
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="cfree-bench-floor-") as tmp:
-        for label, dim, steps in CASES:
-            steps = max(4, round(steps * args.steps_scale))
+        for label, dim, steps in _cases(args, least=4):
             zmq_cpu, zmq_rate = ring_cpu_per_step(
                 lambda s, dim=dim: zmq_gossip(args.nodes, dim, s), args.nodes, steps
             )
@@ -707,8 +711,7 @@ def skeleton_main(args) -> int:
     rows = []
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="cfree-bench-skeleton-") as tmp:
-        for label, dim, steps in CASES:
-            steps = max(2, round(steps * args.steps_scale))
+        for label, dim, steps in _cases(args):
             best = {"zmq": 0.0, "skeleton": 0.0, "transport": 0.0, "cfree": 0.0}
             for k in range(args.repeat):  # alternating, so a busy moment hits every side
                 work = Path(tmp) / str(k)
@@ -792,8 +795,7 @@ def main() -> int:
     rows = []
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="cfree-bench-zmq-") as tmp:
-        for label, dim, steps in CASES:
-            steps = max(2, round(steps * args.steps_scale))
+        for label, dim, steps in _cases(args):
             theirs = logged = digests = 0.0
             for k in range(args.repeat):  # alternating, so a busy moment hits every side
                 theirs = max(theirs, zmq_gossip(args.nodes, dim, steps))
