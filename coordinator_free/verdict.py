@@ -4,7 +4,9 @@ Read from the peers' result files (``results/node-<i>.json``) and the launcher's
 processes. A run completed as planned when every node finished, no value missed its step, and
 every token walk completed without a re-route. Anything else is a problem, named by node, step
 and cause, most telling first: a node that all of its neighbours missed (cut off, stopped,
-killed) is named before the neighbours that missed it.
+killed) is named before the neighbours that missed it, and a node they missed at every step
+since its first miss before one they missed now and then (a neighbour of a cut node falls
+behind while it waits for the deadline, so its own neighbours miss some of its values too).
 
 Pure code over JSON files: the launchers (``cfree run``, ``cfree lab run``) print it and exit
 non-zero when there is any problem.
@@ -65,12 +67,25 @@ def _step_problems(plan, results: dict) -> list[dict]:
             if not isinstance(m, dict) or not isinstance(m.get("peer"), int):
                 continue
             by_peer.setdefault(m["peer"], {}).setdefault(v, []).append(m)
+    steps = [
+        m["step"]
+        for observers in by_peer.values()
+        for ms in observers.values()
+        for m in ms
+        if isinstance(m.get("step"), int)
+    ]
+    last = max(steps, default=0)
     rows = []
     for p, observers in by_peer.items():
         first = min((m for ms in observers.values() for m in ms), key=lambda m: m.get("step", 0))
         count = sum(len(ms) for ms in observers.values())
         nbrs = plan.neighbours(p) if 0 <= p < plan.n else []
         share = len(observers) / max(1, len(nbrs))
+        # How much of what its neighbours could have missed from its first miss to the last miss
+        # of the run they did miss: 1 for a node cut off, stopped or killed (missed every step
+        # since), less for a neighbour of it that only fell behind now and then while waiting.
+        start = first.get("step") if isinstance(first.get("step"), int) else 0
+        density = count / max(1, len(nbrs) * (last - start + 1))
         reasons = sorted({m.get("reason", "?") for ms in observers.values() for m in ms})
         who = ", ".join(str(w) for w in sorted(observers))
         whom = (
@@ -81,6 +96,7 @@ def _step_problems(plan, results: dict) -> list[dict]:
         rows.append(
             (
                 -share,
+                -round(density, 6),
                 -count,
                 p,
                 {
@@ -91,7 +107,7 @@ def _step_problems(plan, results: dict) -> list[dict]:
                 },
             )
         )
-    return [r[-1] for r in sorted(rows, key=lambda r: r[:3])]
+    return [r[-1] for r in sorted(rows, key=lambda r: r[:4])]
 
 
 def _walk_problems(plan, results: dict) -> list[dict]:
