@@ -513,6 +513,115 @@ def _encode_parts(record: dict) -> list:
     return pieces
 
 
+#: The fields of a value record (``send``, ``recv``: written at every step), in the order the
+#: step engine writes them; :func:`_value_parts` encodes these directly.
+_VALUE_FIELDS = ("step", "peer", "digest", "nbytes")
+_VALUE_FIELDS_WITH_VALUE = (*_VALUE_FIELDS, "value")
+_KEYS = {k: pack(k) for k in ("k", "seq", "t_mono", "t_wall", *_VALUE_FIELDS_WITH_VALUE)}
+#: ``t_mono: <float 64>, t_wall: <float 64>`` (msgpack writes floats in 64 bits, marker 0xcb).
+_TIMES = struct.Struct(f">{len(_KEYS['t_mono']) + 1}sd{len(_KEYS['t_wall']) + 1}sd")
+_T_MONO, _T_WALL = _KEYS["t_mono"] + b"\xcb", _KEYS["t_wall"] + b"\xcb"
+_SMALL_UINTS = [bytes((i,)) for i in range(0x80)]
+_F8 = np.dtype("<f8")
+_KINDS: dict[str, bytes] = {}
+#: ``value: <array extension header>`` of a float64 vector, by its length.
+_F8_HEADS: dict[int, bytes] = {}
+
+
+def _uint(x) -> bytes | None:
+    """msgpack's encoding of a non-negative int (the smallest form, as msgpack writes it)."""
+    if type(x) is not int or x < 0:
+        return None
+    if x < 0x80:
+        return _SMALL_UINTS[x]
+    if x < 0x100:
+        return bytes((0xCC, x))
+    if x < 0x10000:
+        return b"\xcd" + x.to_bytes(2, "big")
+    if x < 0x100000000:
+        return b"\xce" + x.to_bytes(4, "big")
+    if x < 0x10000000000000000:
+        return b"\xcf" + x.to_bytes(8, "big")
+    return None
+
+
+def _value_parts(kind: str, seq: int, t_mono: float, t_wall: float, fields: dict) -> list | None:
+    """The frame pieces of a value record (``fields`` exactly ``step, peer, digest, nbytes``
+    and optionally a 1-d float64 ``value``, in that order, as the step engine writes them at
+    every step) built directly, without the general encoder: the same bytes as
+    :func:`_encode_parts` of ``{"k", "seq", "t_mono", "t_wall", **fields}``. None for any other
+    form of record (or one that must be refused), which then goes the general way."""
+    keys = tuple(fields)
+    if keys == _VALUE_FIELDS:
+        value = None
+    elif keys == _VALUE_FIELDS_WITH_VALUE:
+        value = fields["value"]
+        if (
+            type(value) is not np.ndarray
+            or value.dtype is not _F8
+            or value.ndim != 1
+            or not value.size
+            or not value.flags.c_contiguous
+        ):
+            return None
+    else:
+        return None
+    digest = fields["digest"]
+    step, peer, nbytes = _uint(fields["step"]), _uint(fields["peer"]), _uint(fields["nbytes"])
+    kind_b = _KINDS.get(kind)
+    if kind_b is None:
+        kind_b = pack(kind)
+        if len(_KINDS) < 64:
+            _KINDS[kind] = kind_b
+    if (
+        step is None
+        or peer is None
+        or nbytes is None
+        or type(digest) is not str
+        or len(digest) > 255
+        or not digest.isascii()
+    ):
+        return None
+    d = digest.encode("ascii")
+    head = b"".join(
+        (
+            b"\x88" if value is None else b"\x89",
+            _KEYS["k"],
+            kind_b,
+            _KEYS["seq"],
+            _uint(seq),
+            _TIMES.pack(_T_MONO, t_mono, _T_WALL, t_wall),
+            _KEYS["step"],
+            step,
+            _KEYS["peer"],
+            peer,
+            _KEYS["digest"],
+            bytes((0xA0 | len(d),)) if len(d) < 32 else bytes((0xD9, len(d))),
+            d,
+            _KEYS["nbytes"],
+            nbytes,
+        )
+    )
+    if value is None:
+        return [FRAME.pack(len(head), crc32(head)) + head]
+    size = len(value)
+    tail = _F8_HEADS.get(size)
+    if tail is None:
+        header = msgpack.packb(["<f8", [size]])
+        tail = _KEYS["value"] + _ext_header(len(header) + 8 * size) + header
+        if len(_F8_HEADS) < 64:
+            _F8_HEADS[size] = tail
+    head += tail
+    length = len(head) + 8 * size
+    if length > MAX_RECORD_BYTES:
+        return None
+    if size < _BY_VIEW // 8:
+        payload = head + value.data.cast("B")
+        return [FRAME.pack(length, crc32(payload)) + payload]
+    data = raw_bytes(value)
+    return [FRAME.pack(length, crc32(data, crc32(head))), head, data]
+
+
 class ViewLogWriter:
     """Appends records to one node's view log.
 
@@ -682,24 +791,24 @@ class ViewLogWriter:
         if not RESERVED_FIELDS.isdisjoint(fields):
             clash = RESERVED_FIELDS.intersection(fields)
             raise ValueError(f"field names {sorted(clash)} are filled in by the writer")
-        check_fields(fields, kind)
-        return self._write_record(kind, fields)
+        return self._write_record(kind, fields, checked=False)
 
-    def _write_record(self, kind: str, fields: dict) -> int:
+    def _write_record(self, kind: str, fields: dict, checked: bool = True) -> int:
         with self._lock:
             if self._fd is None:
                 raise ValueError(f"view log {self.path} is closed")
             if self._broken:
                 raise ViewLogError(f"view log {self.path} is unusable: {self._broken}")
             seq = self._seq
-            record = {
-                "k": kind,
-                "seq": seq,
-                "t_mono": time.monotonic(),
-                "t_wall": time.time(),
-                **fields,
-            }
-            parts = _encode_parts(record)
+            t_mono, t_wall = time.monotonic(), time.time()
+            # A value record (every step's send and recv) is encoded directly; its fields are
+            # plain numbers, a hex digest and a float64 vector, which need no name checks.
+            parts = _value_parts(kind, seq, t_mono, t_wall, fields) if len(fields) < 6 else None
+            if parts is None:
+                if not checked:
+                    check_fields(fields, kind)
+                record = {"k": kind, "seq": seq, "t_mono": t_mono, "t_wall": t_wall, **fields}
+                parts = _encode_parts(record)
             if self._held is not None:
                 self._held.extend(parts)
             else:

@@ -375,6 +375,48 @@ def test_in_place_reader_agrees_with_the_general_decoder():
         assert got == _general(data), data
 
 
+def test_templated_reader_agrees_with_the_general_decoder():
+    """Once an array message has been read in place, its envelope's constant parts are kept
+    as a template: messages of that kind, round and shape are then read by matching the
+    template around their step. Every step width, other shapes and kinds, and every mutation
+    give the general decoder's result, message or error."""
+    rnd = random.Random(11)
+    rng = np.random.default_rng(11)
+    wire._TEMPLATES.clear()
+    first = encode_message(Message("value", 0, 3, payload=rng.standard_normal(8)))
+    assert wire._decode_canonical(first) is not None and len(wire._TEMPLATES) == 1
+    samples = [
+        encode_message(Message("value", 0, step, payload=rng.standard_normal(8)))
+        for step in (0, 127, 128, 255, 65536, 2**33, 2**63 - 1)
+    ]
+    samples += [
+        encode_message(Message("value", 1, 3, payload=rng.standard_normal(8))),
+        encode_message(Message("value", 0, 3, payload=rng.standard_normal(9))),
+        encode_message(Message("value", 0, 3, payload=np.arange(8, dtype="<i8"))),
+        encode_message(Message("token", 0, 3, payload=rng.standard_normal(8))),
+    ]
+    for data in samples:
+        assert wire._decode_templated(data) is None or data in samples[:7]
+        got = decode_message(data)
+        assert got == _general(data) and not got.payload.flags.writeable
+        assert np.shares_memory(got.payload, np.frombuffer(data, dtype="u1"))
+    assert all(wire._decode_templated(d) is not None for d in samples[:7])
+    for _ in range(6000):
+        data = bytearray(rnd.choice(samples))
+        for _ in range(rnd.randrange(1, 3)):
+            if rnd.randrange(2):
+                data[rnd.randrange(len(data))] = rnd.randrange(256)
+            else:
+                pos = rnd.randrange(len(data) + 1)
+                data[pos:pos] = rnd.randbytes(rnd.randrange(1, 5))
+        data = bytes(data)
+        try:
+            got = decode_message(data)
+        except WireError as exc:
+            got = str(exc)
+        assert got == _general(data), data
+
+
 def test_encode_parts_join_to_the_codec_encoding():
     """Without meta the envelope's head comes from a cache: the same bytes the codec writes."""
     for msg in (Message("done", 3, 2**33), Message("walk_end", 0, 7)):
