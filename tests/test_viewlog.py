@@ -159,6 +159,67 @@ def test_arrays_are_written_from_their_memory_as_the_codec_packs_them(monkeypatc
         assert viewlog._encode(rec)[FRAME.size :] == ref, arr.shape
 
 
+def test_value_records_are_encoded_directly_as_the_general_encoder_does(tmp_path, monkeypatch):
+    """The step engine's send and recv records (step, peer, digest, nbytes and, logged, the
+    value) skip the general encoder: the same bytes, for every integer width, digest length,
+    vector length (packed with the record or written from its memory) and kind; any other
+    form of record goes the general way."""
+    rng = np.random.default_rng(5)
+    ints = [0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**64 - 1]
+    count = 0
+    for kind in ("send", "recv", "x" * 31, "y" * 40):
+        for i, step in enumerate(ints):
+            for size in (None, 1, 8, 511, 512, 513, 1000):
+                peer, nbytes = ints[(i + 3) % len(ints)], ints[(i + 5) % len(ints)]
+                digest = "ab" * (16, 5, 100)[(i + (size or 0)) % 3]
+                fields = {"step": step, "peer": peer, "digest": digest, "nbytes": nbytes}
+                if size is not None:
+                    fields["value"] = rng.standard_normal(size)
+                t_mono, t_wall = float(rng.random() * 1e6), float(rng.random() * 2e9)
+                fast = viewlog._value_parts(kind, step, t_mono, t_wall, fields)
+                record = {"k": kind, "seq": step, "t_mono": t_mono, "t_wall": t_wall, **fields}
+                slow = viewlog._encode_parts(record)
+                assert fast is not None
+                assert b"".join(map(bytes, fast)) == b"".join(map(bytes, slow)), record["k"]
+                if size is not None and size * 8 >= viewlog._BY_VIEW:  # no copy of the value
+                    assert np.shares_memory(np.frombuffer(fast[-1]), fields["value"])
+                count += 1
+    assert count == 4 * len(ints) * 7
+    value = np.ones(4)
+    others = [
+        {"step": 1, "peer": 2, "digest": "ab", "nbytes": 32, "now": 3, "value": value},
+        {"peer": 2, "step": 1, "digest": "ab", "nbytes": 32},
+        {"step": -1, "peer": 2, "digest": "ab", "nbytes": 32},
+        {"step": True, "peer": 2, "digest": "ab", "nbytes": 32},
+        {"step": 1, "peer": 2, "digest": b"ab", "nbytes": 32},
+        {"step": 1, "peer": 2, "digest": "é", "nbytes": 32},
+        {"step": 1, "peer": 2, "digest": "ab", "nbytes": 2**64},
+        {"step": 1, "peer": 2, "digest": "ab", "nbytes": 32, "value": value.astype("<f4")},
+        {"step": 1, "peer": 2, "digest": "ab", "nbytes": 32, "value": np.ones((2, 2))},
+        {"step": 1, "peer": 2, "digest": "ab", "nbytes": 32, "value": np.ones(8)[::2]},
+        {"step": 1, "peer": 2, "digest": "ab", "nbytes": 32, "value": np.zeros(0)},
+        {"step": 1, "peer": 2, "digest": "ab", "nbytes": 32, "value": [1.0]},
+    ]
+    for fields in others:
+        assert viewlog._value_parts("recv", 0, 1.0, 2.0, fields) is None, fields
+    # Written through the writer, both kinds read back as written; an oversized value record
+    # is refused like any other, and nothing is written.
+    path = tmp_path / "l"
+    with ViewLogWriter(path, run_id="r", node=0, params={}) as w:
+        for fields in (others[1], others[2], others[4], others[8]):
+            w.write("recv", **fields)
+        w.write("recv", step=3, peer=1, digest="cd" * 16, nbytes=8000, value=np.arange(1000.0))
+        monkeypatch.setattr(viewlog, "MAX_RECORD_BYTES", 1000)
+        size = path.stat().st_size
+        with pytest.raises(ValueError, match="over the limit"):
+            w.write("recv", step=4, peer=1, digest="cd" * 16, nbytes=8000, value=np.ones(1000))
+        assert path.stat().st_size == size
+    monkeypatch.undo()
+    log = read_viewlog(path)
+    assert log.intact and [r["step"] for r in log.records if r["k"] == "recv"] == [1, -1, 1, 1, 3]
+    assert np.array_equal(log.records[-1]["value"], np.arange(1000.0))
+
+
 def test_held_records_go_out_together_at_flush_in_order(tmp_path):
     path = tmp_path / "held.vlog"
     with ViewLogWriter(path, run_id="r", node=0, params={}) as w:
