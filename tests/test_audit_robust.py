@@ -394,6 +394,7 @@ def test_injected_faults_are_reported_and_a_damaged_faults_file_is_a_finding(
         assert_at_least_plan(rep, run)
 
 
+@pytest.mark.slow  # a real-process run of several seconds; the in-memory suites cover the rule
 def test_cli_audit_of_a_truncated_log_prints_the_flagged_entries(runs, tmp_path):
     run = copy_run(runs["muffliato"], tmp_path / "run")
     raw = log_of(run, 2).read_bytes()

@@ -129,6 +129,7 @@ def test_cli_run_default_prints_summary(tmp_path):
     assert "fully exposed" in text and "local DP is eps = 4.377" in text
 
 
+@pytest.mark.slow  # a real-process run of several seconds; the in-memory suites cover the rule
 def test_killed_peer_is_recorded_and_the_run_still_ends(tmp_path):
     """Kill one peer after step 2: its neighbours record it, finish, and the audit accounts for it."""
     out = tmp_path / "kill"

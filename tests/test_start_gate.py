@@ -14,6 +14,8 @@ import shlex
 import subprocess
 import sys
 
+import pytest
+
 from coordinator_free import config, roster, rundir
 from coordinator_free.cluster import local
 from coordinator_free.viewlog import read_viewlog
@@ -21,6 +23,7 @@ from coordinator_free.viewlog import read_viewlog
 LATE_S = 4.0
 
 
+@pytest.mark.slow  # a real-process run that waits out a 4 s late start
 def test_a_peer_up_after_its_neighbours_connect_timeout_still_joins_a_fault_free_run(tmp_path):
     """A 4-ring, connect timeout and step deadline 1.5 s, node 3 started 4 s after the rest:
     every node finishes, nothing missed, and the first step of every node comes after the late

@@ -252,6 +252,7 @@ def test_every_hand_off_is_logged_by_both_ends(walk_run):
     assert sends == accepts and sends
 
 
+@pytest.mark.slow  # a real-process run of several seconds; the in-memory suites cover the rule
 def test_killed_holder_ends_the_run_with_the_loss_or_a_reroute_recorded(tmp_path):
     cfg = cfg_of("complete-sum", "graph.nodes=5", "protocol.hops=400", "network.deadline_s=2",
                  "network.connect_timeout_s=120")  # fmt: skip
