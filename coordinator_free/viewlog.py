@@ -567,7 +567,11 @@ def _value_parts(kind: str, seq: int, t_mono: float, t_wall: float, fields: dict
     else:
         return None
     digest = fields["digest"]
-    step, peer, nbytes = _uint(fields["step"]), _uint(fields["peer"]), _uint(fields["nbytes"])
+    step, peer, nbytes = fields["step"], fields["peer"], fields["nbytes"]
+    # Small steps and peers (the common case) without a call.
+    step = _SMALL_UINTS[step] if type(step) is int and 0 <= step < 0x80 else _uint(step)
+    peer = _SMALL_UINTS[peer] if type(peer) is int and 0 <= peer < 0x80 else _uint(peer)
+    nbytes = _uint(nbytes)
     kind_b = _KINDS.get(kind)
     if kind_b is None:
         kind_b = pack(kind)
@@ -784,6 +788,11 @@ class ViewLogWriter:
         depth), reserved names, non-string map keys and values that cannot be encoded; nothing
         is written then.
         """
+        return self.write_record(kind, fields)
+
+    def write_record(self, kind: str, fields: dict) -> int:
+        """:meth:`write` with the fields as one dict (read while the record is written, never
+        kept or changed): what a driver holding an engine's ``Log`` action calls."""
         if not isinstance(kind, str) or not kind:
             raise ValueError(f"record kind must be a non-empty string, got {kind!r}")
         if kind in RESERVED_KINDS:

@@ -113,3 +113,21 @@ def test_the_skeleton_ring_completes_and_leaves_no_log_behind(bench, tmp_path):
 def test_the_ring_on_cfrees_transport_alone_completes(bench):
     # Three real processes, each a PeerNet with its own key, over loopback.
     assert bench.transport_gossip(3, 4, 25) > 0.0
+
+
+@pytest.fixture(scope="module")
+def step_bench():
+    yield from _script(BENCH.with_name("bench_step.py"), "bench_step_alone")
+
+
+@pytest.mark.parametrize("log_values", [True, False])
+def test_step_bench_runs_the_real_engine_view_log_and_driver(step_bench, tmp_path, log_values):
+    """bench_step.py: node 0's real engine, view log and driver take every neighbour value of
+    every step (none missed; it raises otherwise), send two values a step, and leave no log."""
+    per_step = step_bench.step_cpu(8, 20, log_values, tmp_path)
+    assert isinstance(per_step, float) and per_step > 0
+    assert list(tmp_path.iterdir()) == []
+    net = step_bench._Neighbours(8, 3)
+    first = net._ready[2][0].message
+    assert first.step == 2 and not first.payload.flags.writeable
+    assert type(first.payload.base) is bytes  # kept as the transport delivers it, no copy

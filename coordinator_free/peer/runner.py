@@ -448,10 +448,10 @@ async def _perform(actions, net, vlog, progress, deadline, failed) -> Finish | N
                 elif isinstance(res, BaseException):
                     raise res
                 elif s.on_sent is not None:
-                    vlog.write(s.on_sent.kind, **s.on_sent.fields)
+                    vlog.write_record(s.on_sent.kind, s.on_sent.fields)
             continue
         if isinstance(a, Log):
-            vlog.write(a.kind, **a.fields)
+            vlog.write_record(a.kind, a.fields)
         elif isinstance(a, ProgressAction):
             progress.emit(**a.fields)
             if a.abort is not None and progress.reader_gone:

@@ -1,0 +1,175 @@
+"""The step machinery alone: one peer's engine, view log and driver, in one process, no network.
+
+What a cfree gossip step costs above its transport, without the noise of sixteen processes
+sharing two cores: node 0 of a 16-node ring runs Muffliato averaging (plain gossip) with its real
+step engine (``engine/step.py``), its real view log (``viewlog.py``, in a temporary directory)
+and the peer's real driver loop (``peer/runner.py``: ``drive`` and ``_perform``). Only the
+network is a stand-in: once node 0 has sent its value of step t to both neighbours, both
+neighbours' values of step t are ready, as the transport hands them over (decoded envelopes
+whose payload is a read-only view on the received bytes). Sends go nowhere.
+
+So a step here is: two inbound values checked, digested and logged (``recv``), the gossip update,
+one progress event, the next value digested once, two sends and their ``send`` records, two
+vectored writes of the view log. The transport's part (frames, AEAD, envelopes, sockets, the
+event loop) is left out: ``bench_vs_zmq.py --skeleton`` measures a ring on the transport alone.
+
+Prints the thread CPU time per step (the best of ``--repeat`` runs, 5) for 8 floats (4 000
+steps) and 1 MiB vectors (100 steps), with every received value logged (the default) and with
+digests only. Asserts nothing about timing. Run: ``python bench/bench_step.py [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from coordinator_free import config as config_mod
+from coordinator_free import seeds
+from coordinator_free.engine.events import Inbound
+from coordinator_free.families import family_of
+from coordinator_free.net.wire import Message, decode_message, encode_message
+from coordinator_free.peer import runner
+from coordinator_free.viewlog import ViewLogWriter
+
+#: (label, float64 entries per vector, steps).
+CASES = (("small (8 floats)", 8, 4000), ("1 MiB (131072 floats)", 131072, 100))
+NODES = 16
+
+
+class _Neighbours:
+    """The network as node 0's driver sees it (``encode``, ``send_now``, ``ready_event``,
+    ``next_event``): each step's values of nodes 1 and 15 are ready once node 0 has sent its
+    own to node 15 (its second send), a ``done`` from each once it has said its own."""
+
+    def __init__(self, dim: int, steps: int) -> None:
+        self.queue: list = []
+        self.sends = 0
+        # One envelope per neighbour, decoded once per step from its own bytes: the payload is a
+        # read-only view on those bytes, as the transport delivers it (no copy to keep it).
+        self._bytes = {
+            w: bytes(
+                encode_message(Message("value", 0, 0, payload=np.random.default_rng(w).random(dim)))
+            )
+            for w in (1, NODES - 1)
+        }
+        self._ready = [[Inbound(w, self._at(w, t)) for w in (1, NODES - 1)] for t in range(steps)]
+
+    def _at(self, w: int, t: int) -> Message:
+        m = decode_message(self._bytes[w])
+        return Message("value", 0, t, payload=m.payload)
+
+    def encode(self, msg: Message):
+        return None
+
+    def send_now(self, peer: int, msg: Message, timeout=None, parts=None):
+        self.sends += 1
+        if msg.kind == "value" and peer == NODES - 1:
+            self.queue.extend(self._ready[msg.step])
+        elif msg.kind == "done":
+            self.queue.append(Inbound(peer, Message("done", 0, msg.step)))
+        return None
+
+    def ready_event(self):
+        return self.queue.pop(0) if self.queue else None
+
+    async def next_event(self, timeout: float):
+        return self.queue.pop(0) if self.queue else None
+
+
+def step_cpu(dim: int, steps: int, log_values: bool, work: Path) -> float:
+    """Thread CPU seconds per step of node 0's engine, view log and driver (one run)."""
+    cfg = config_mod.load(
+        None,
+        [
+            "graph.kind=ring",
+            f"graph.nodes={NODES}",
+            f"protocol.steps={steps}",
+            "protocol.accelerated=false",
+            f"data.dim={dim}",
+            f"log.values={'true' if log_values else 'false'}",
+        ],
+    )
+    fam = family_of(cfg.protocol.name)
+    plan = fam.make_plan(cfg)
+    net = _Neighbours(dim, steps)
+    path = work / f"node-0-{dim}-{log_values}-{time.monotonic_ns()}.cfvlog"
+    vlog = ViewLogWriter(path, run_id="bench-step", node=0, params={})
+    engine = fam.node_engine(cfg, plan, 0, seeds.PublicSeedStreams(1))
+
+    async def run() -> float:
+        t0 = time.thread_time()
+        finish = await runner.drive(engine, net, vlog, runner.Progress(None), 1.0)
+        spent = time.thread_time() - t0
+        if finish.result["missed"]:
+            raise SystemExit(f"node 0 missed values: {finish.result['missed'][:3]}")
+        return spent
+
+    try:
+        spent = asyncio.run(run())
+    finally:
+        vlog.close()
+        path.unlink(missing_ok=True)
+    if net.sends != 2 * steps + 2:
+        raise SystemExit(f"node 0 sent {net.sends} messages, expected {2 * steps + 2}")
+    return spent / steps
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeat", type=int, default=5, help="runs of each case; the best counts")
+    p.add_argument("--steps-scale", type=float, default=1.0, help="scale every case's steps")
+    p.add_argument(
+        "--only", choices=("small", "large"), help="run only the 8-floats or the 1 MiB case"
+    )
+    p.add_argument(
+        "--digests-only", action="store_true", help="run only with digests (log.values = false)"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    args = p.parse_args()
+    if args.repeat < 1 or args.steps_scale <= 0:
+        p.error("--repeat must be at least 1 and --steps-scale positive")
+    rows = []
+    load0 = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="cfree-bench-step-") as tmp:
+        for label, dim, steps in CASES:
+            if args.only and (args.only == "small") != (dim == CASES[0][1]):
+                continue
+            steps = max(4, int(steps * args.steps_scale))
+            for log_values in (False,) if args.digests_only else (True, False):
+                runs = [step_cpu(dim, steps, log_values, Path(tmp)) for _ in range(args.repeat)]
+                rows.append(
+                    {
+                        "case": label,
+                        "dim": dim,
+                        "steps": steps,
+                        "log_values": log_values,
+                        "cpu_per_step_s": min(runs),
+                        "runs_s": runs,
+                    }
+                )
+                if not args.json:
+                    what = "values logged" if log_values else "digests only"
+                    print(
+                        f"{label:<24} {what:<14} {min(runs) * 1e6:9.1f} us per step "
+                        f"(best of {len(runs)}; worst {max(runs) * 1e6:.1f})",
+                        flush=True,
+                    )
+    load1 = os.getloadavg()
+    if args.json:
+        json.dump({"load_start": load0[0], "load_end": load1[0], "rows": rows}, sys.stdout)
+        print()
+    else:
+        print(f"load average at start {load0[0]:.2f}, at end {load1[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
