@@ -546,14 +546,7 @@ def _decode_templated(data: bytes) -> Message | None:
         payload = np.frombuffer(data, dtype=dt, offset=start)
         if len(shape) != 1:
             payload = payload.reshape(shape)
-        msg = object.__new__(Message)
-        setattr_ = object.__setattr__
-        setattr_(msg, "kind", kind)
-        setattr_(msg, "round", round_)
-        setattr_(msg, "step", step)
-        setattr_(msg, "payload", payload)
-        setattr_(msg, "meta", {})
-        return msg
+        return _checked(kind, round_, step, payload)
     return None
 
 
@@ -639,6 +632,12 @@ def _decode_canonical(data: bytes) -> Message | None:
             return None
     except (IndexError, UnicodeDecodeError):
         return None
+    return _checked(kind, round_, step, payload)
+
+
+def _checked(kind: str, round_: int, step: int, payload: np.ndarray | None) -> Message:
+    """A message without meta from fields the caller has checked as :class:`Message` checks
+    them (a readers' shortcut past the dataclass's own checks)."""
     msg = object.__new__(Message)
     setattr_ = object.__setattr__
     setattr_(msg, "kind", kind)
