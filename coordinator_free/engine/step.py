@@ -30,7 +30,6 @@ Exchange rules (the behaviour the view logs and the auditor rely on):
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -74,15 +73,6 @@ def own_copy(payload: np.ndarray) -> np.ndarray:
         if type(base) is bytes:  # immutable memory
             return payload
     return np.array(payload, dtype=np.float64)
-
-
-def all_finite(value: np.ndarray) -> bool:
-    """Whether every entry of a received float64 value is finite. One dot product first: the
-    sum of squares of finite entries is finite unless it overflows, and any NaN or infinity
-    makes it NaN or infinite; only a non-finite sum takes the entry-by-entry check."""
-    if value.ndim == 1 and math.isfinite(value.dot(value)):
-        return True
-    return bool(np.isfinite(value).all())
 
 
 # ---------------------------------------------------------------------------------- requests
@@ -385,7 +375,7 @@ class StepEngine:
         if peer not in self.partners_at(m.step):
             self.out.log("bad-message", step=t, peer=peer, kind="not-a-partner", at=m.step)
             return
-        if not all_finite(value):
+        if not np.isfinite(value).all():
             self._refuse(t, peer, m.step, got)
             return
         self.heard[peer] = max(m.step, self.heard.get(peer, -1))
@@ -451,7 +441,7 @@ class StepEngine:
                 and ev.peer in self.partners_at(m.step)
             ):
                 value = own_copy(m.payload)
-                if not all_finite(value):
+                if not np.isfinite(value).all():
                     self._refuse(self.steps, ev.peer, m.step, {})
                     return
                 # Values still arriving are logged as late.
