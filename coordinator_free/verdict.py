@@ -6,7 +6,9 @@ every token walk completed without a re-route. Anything else is a problem, named
 and cause, most telling first: a node that all of its neighbours missed (cut off, stopped,
 killed) is named before the neighbours that missed it, and a node they missed at every step
 since its first miss before one they missed now and then (a neighbour of a cut node falls
-behind while it waits for the deadline, so its own neighbours miss some of its values too).
+behind while it waits for the deadline, so its own neighbours miss some of its values too);
+where both were missed at every step, the node that itself missed all of its neighbours (cut
+off) before one that missed only some (waiting for it).
 
 Pure code over JSON files: the launchers (``cfree run``, ``cfree lab run``) print it and exit
 non-zero when there is any problem.
@@ -86,6 +88,14 @@ def _step_problems(plan, results: dict) -> list[dict]:
         # since), less for a neighbour of it that only fell behind now and then while waiting.
         start = first.get("step") if isinstance(first.get("step"), int) else 0
         density = count / max(1, len(nbrs) * (last - start + 1))
+        # The share of its neighbours it missed itself: a node cut off misses them all, a
+        # neighbour that fell behind waiting for it misses only the node it waited for.
+        own = {
+            m.get("peer")
+            for m in (results.get(p) or {}).get("missed", []) or []
+            if isinstance(m, dict)
+        }
+        isolated = len(own.intersection(nbrs)) / max(1, len(nbrs))
         reasons = sorted({m.get("reason", "?") for ms in observers.values() for m in ms})
         who = ", ".join(str(w) for w in sorted(observers))
         whom = (
@@ -97,6 +107,7 @@ def _step_problems(plan, results: dict) -> list[dict]:
             (
                 -share,
                 -round(density, 6),
+                -isolated,
                 -count,
                 p,
                 {
@@ -107,7 +118,7 @@ def _step_problems(plan, results: dict) -> list[dict]:
                 },
             )
         )
-    return [r[-1] for r in sorted(rows, key=lambda r: r[:4])]
+    return [r[-1] for r in sorted(rows, key=lambda r: r[:5])]
 
 
 def _walk_problems(plan, results: dict) -> list[dict]:

@@ -43,6 +43,22 @@ def test_cut_node_missed_at_every_step_is_named_before_a_neighbour_missed_more_o
     assert "missed by node(s) 1 from step 12" in problems[2]["cause"]
 
 
+def test_when_both_are_missed_at_every_step_the_node_that_missed_everyone_comes_first():
+    """Node 1 is cut at the very end (its neighbours miss it at steps 14 and 15); node 0, which
+    waited for it, is missed by node 1 and by node 3 at the same two steps: missed as densely,
+    as often, and with a lower id. Node 1 itself missed both of its neighbours, node 0 only
+    node 1: node 1 is named first."""
+    results = {
+        0: {"missed": missed(1, [14, 15])},
+        1: {"missed": missed(0, [14, 15]) + missed(2, [14, 15])},
+        2: {"missed": missed(1, [14, 15])},
+        3: {"missed": missed(0, [14, 15])},
+    }
+    problems = verdict.problems(Ring(4), results, [], walks=False)
+    assert [p["node"] for p in problems][:2] == [1, 0], problems
+    assert all("(4 miss(es)" in p["cause"] for p in problems[:2])
+
+
 def test_share_of_neighbours_comes_before_density():
     """A node missed by all of its neighbours comes before one missed at every step by one."""
     results = {
