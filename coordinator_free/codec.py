@@ -19,6 +19,8 @@ ALLOWED_DTYPES = frozenset(
     ["<f8", "<f4", "<i8", "<i4", "<i2", "|i1", "<u8", "<u4", "<u2", "|u1", "|b1"]
 )
 _DTYPES = {name: np.dtype(name) for name in ALLOWED_DTYPES}
+#: The dtype of every protocol value (compared by identity on the hot paths).
+FLOAT64 = _DTYPES["<f8"]
 MAX_ARRAY_DIMS = 8
 # Largest encoded header: fixarray + dtype string + array of MAX_ARRAY_DIMS uint64 values.
 _HEADER_MAX = 1 + 6 + 1 + 9 * MAX_ARRAY_DIMS

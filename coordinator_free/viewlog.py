@@ -64,7 +64,15 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from coordinator_free.codec import ALLOWED_DTYPES, ARRAY_EXT, CodecError, pack, raw_bytes, unpack
+from coordinator_free.codec import (
+    ALLOWED_DTYPES,
+    ARRAY_EXT,
+    FLOAT64,
+    CodecError,
+    pack,
+    raw_bytes,
+    unpack,
+)
 from coordinator_free.errors import CfreeError
 
 try:
@@ -522,7 +530,6 @@ _KEYS = {k: pack(k) for k in ("k", "seq", "t_mono", "t_wall", *_VALUE_FIELDS_WIT
 _TIMES = struct.Struct(f">{len(_KEYS['t_mono']) + 1}sd{len(_KEYS['t_wall']) + 1}sd")
 _T_MONO, _T_WALL = _KEYS["t_mono"] + b"\xcb", _KEYS["t_wall"] + b"\xcb"
 _SMALL_UINTS = [bytes((i,)) for i in range(0x80)]
-_F8 = np.dtype("<f8")
 _KINDS: dict[str, bytes] = {}
 #: ``value: <array extension header>`` of a float64 vector, by its length.
 _F8_HEADS: dict[int, bytes] = {}
@@ -558,7 +565,7 @@ def _value_parts(kind: str, seq: int, t_mono: float, t_wall: float, fields: dict
         value = fields["value"]
         if (
             type(value) is not np.ndarray
-            or value.dtype is not _F8
+            or value.dtype is not FLOAT64
             or value.ndim != 1
             or not value.size
             or not value.flags.c_contiguous
@@ -611,8 +618,7 @@ def _value_parts(kind: str, seq: int, t_mono: float, t_wall: float, fields: dict
     size = len(value)
     tail = _F8_HEADS.get(size)
     if tail is None:
-        header = msgpack.packb(["<f8", [size]])
-        tail = _KEYS["value"] + _ext_header(len(header) + 8 * size) + header
+        tail = _array_parts("value", value)[0]
         if len(_F8_HEADS) < 64:
             _F8_HEADS[size] = tail
     head += tail

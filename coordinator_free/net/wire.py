@@ -127,13 +127,10 @@ def _check_counter(name: str, value: Any) -> int:
     return value
 
 
-_F8 = np.dtype("<f8")
-
-
 def _check_payload(payload: Any) -> np.ndarray | None:
     if payload is None:
         return None
-    if type(payload) is np.ndarray and payload.dtype is _F8 and payload.ndim == 1:
+    if type(payload) is np.ndarray and payload.dtype is codec.FLOAT64 and payload.ndim == 1:
         return payload  # the common case (a float64 vector), first
     if not isinstance(payload, np.ndarray):
         raise WireError(
