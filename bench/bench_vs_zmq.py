@@ -59,8 +59,11 @@ CASES = (("small (8 floats)", 8, 2000), ("1 MiB (131072 floats)", 131072, 300))
 
 
 def _cases(args, least: int = 2):
-    """``CASES`` with every case's steps scaled by ``--steps-scale`` (at least ``least``)."""
+    """``CASES`` (or the one ``--only`` names) with every case's steps scaled by
+    ``--steps-scale`` (at least ``least``)."""
     for label, dim, steps in CASES:
+        if args.only and (args.only == "small") != (dim == CASES[0][1]):
+            continue
         yield label, dim, max(least, round(steps * args.steps_scale))
 
 
@@ -181,7 +184,7 @@ def _skeleton_node(
     import uvloop
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-    from coordinator_free.viewlog import crc32
+    from coordinator_free.viewlog import crc32, value_digest
 
     length = struct.Struct(">I")
     record = struct.Struct(">IIQI")  # length, CRC-32, step, sender
@@ -201,7 +204,7 @@ def _skeleton_node(
     done = asyncio.Event()
 
     def log(step: int, sender: int, value: np.ndarray, with_value: bool) -> None:
-        body = hashlib.sha256(value).digest()
+        body = value_digest(value).encode()
         if with_value:
             body += value.tobytes()
         pieces.append(record.pack(len(body) + 12, crc32(body), step, sender) + body)
@@ -566,7 +569,6 @@ def step_floor(dim: int, log_values: bool, seconds: float = 0.2) -> dict[str, fl
     average of three vectors. Nothing of the step engine, the envelopes, the frames, the
     records' encoding or the event loop is in it. Each primitive repeats for about ``seconds``
     of CPU."""
-    import hashlib
     import socket
 
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -575,11 +577,11 @@ def step_floor(dim: int, log_values: bool, seconds: float = 0.2) -> dict[str, fl
 
     size = 8 * dim
     frame = os.urandom(size + 64)  # the value and an envelope of a few dozen bytes
-    value = np.frombuffer(frame[:size], dtype=np.uint8)
+    value = np.frombuffer(frame[:size], dtype=np.float64)
     aead, nonce = AESGCM(os.urandom(32)), os.urandom(12)
     sealed = aead.encrypt(nonce, frame, b"header")
     out: dict[str, float] = {}
-    out["digests (3)"] = 3 * _per_call(lambda: hashlib.sha256(value).digest(), seconds)
+    out["digests (3)"] = 3 * _per_call(lambda: viewlog.value_digest(value), seconds)
     out["AEAD (2 seal, 2 open)"] = 2 * _per_call(
         lambda: aead.encrypt(nonce, frame, b"header"), seconds
     ) + 2 * _per_call(lambda: aead.decrypt(nonce, sealed, b"header"), seconds)
@@ -758,6 +760,9 @@ def main() -> int:
     ap.add_argument("--steps-scale", type=float, default=1.0, help="scale every case's steps")
     ap.add_argument(
         "--repeat", type=int, default=3, help="runs of each side, alternating; the best counts"
+    )
+    ap.add_argument(
+        "--only", choices=("small", "large"), help="run only the 8-floats or the 1 MiB case"
     )
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
     ap.add_argument(
