@@ -314,6 +314,36 @@ def test_dgd_attack_inverts_every_example_on_a_path_from_one_end():
     assert all(r["cosine"] > 0.97 for r in res["nodes"])
 
 
+def test_own_models_are_checked_against_a_log_of_either_digest_form(monkeypatch):
+    """A log written before BLAKE3 names what it sent by SHA-256 digests (no prefix): the
+    recomputed own models are compared in that form and match; a digest of the other form
+    does not vouch for them."""
+    from types import SimpleNamespace
+
+    from coordinator_free import viewlog
+    from coordinator_free.engine import step
+    from coordinator_free.families import family_of
+    from coordinator_free.families.learning import attack as lattack
+
+    cfg = config.load(DSGD, PATH8)
+    plan = family_of(cfg.protocol.name).make_plan(cfg)
+    monkeypatch.setattr(step, "digest", viewlog.sha256_digest)
+    mr = run_config(cfg, seed=1)
+    monkeypatch.undo()
+    recs = [{"k": k, **f} for k, f in mr.logs[0]]
+    sends = [r for r in recs if r["k"] == "send"]
+    assert sends and all(len(r["digest"]) == 32 and ":" not in r["digest"] for r in sends)
+
+    def attack() -> list[int]:
+        logs = {0: SimpleNamespace(records=recs)}
+        res = lattack.run(Path("memnet"), cfg, plan, [0], logs, {0: mr.streams.node(0)})
+        return res["own_models"]
+
+    assert attack() == [0]
+    sends[0]["digest"] = viewlog.DIGEST_PREFIX + sends[0]["digest"]
+    assert attack() == []
+
+
 def test_the_attackers_own_gradients_sharpen_the_reconstruction():
     """Its own gradients, recomputed and checked against its log's digests, are subtracted
     (Algorithm 4.3); without them they are estimated like the others' and every error grows."""

@@ -691,3 +691,27 @@ def test_the_record_checksum_is_zlibs_crc32_computed_faster():
         assert chained == zlib.crc32(data)
         arr = np.frombuffer(data, dtype=np.uint8)
         assert viewlog.crc32(arr, 12345) == zlib.crc32(arr, 12345)
+
+
+def test_value_digests_name_the_bytes_of_a_vector_in_either_form():
+    """A value's digest is BLAKE3 over its bytes, prefixed; logs written before carry the first
+    128 bits of SHA-256; a digest recomputed to check a logged one takes the logged one's form,
+    whatever the array's memory layout."""
+    import hashlib
+
+    from blake3 import blake3
+
+    v = np.random.default_rng(3).random(40)
+    raw = v.tobytes()
+    new = viewlog.value_digest(v)
+    assert new == "blake3:" + blake3(raw).hexdigest()[:32]
+    old = hashlib.sha256(raw).hexdigest()[:32]
+    assert viewlog.sha256_digest(v) == old
+    frozen = np.frombuffer(raw, dtype=np.float64)  # read-only, as a received value lies
+    strided = np.repeat(v, 2)[::2]  # not contiguous
+    for same in (v, frozen, strided, v.tolist()):
+        assert viewlog.value_digest(same) == new
+        assert viewlog.digest_like(same, new) == new
+        assert viewlog.digest_like(same, old) == old
+    assert viewlog.value_digest(np.zeros(0)) == "blake3:" + blake3(b"").hexdigest()[:32]
+    assert viewlog.value_digest(v[1:]) != new and viewlog.digest_like(v[1:], old) != old

@@ -14,7 +14,7 @@ part               what is wrapped
 engine             the node engine's ``start`` and ``handle`` (the step exchange and the node
                    program, e.g. the gossip update)
 view log           ``ViewLogWriter`` record encoding and writing (the ``write`` system calls)
-digest             ``value_digest`` (SHA-256 of a value, for the send / recv records)
+digest             ``value_digest`` (BLAKE3 of a value, for the send / recv records)
 AEAD               the frame cipher's encrypt and decrypt
 framing/codec      the message envelope (``encode_message`` / ``decode_message``), the
                    channel's frames (``SecureChannel.send`` / ``receive_data``), the

@@ -168,11 +168,13 @@ def own_values(plan, task, a: int, received: dict, streams):
 def check_own(log, a: int, own: dict) -> bool:
     """Whether the recomputed own models match the digests of what member a's log says it sent
     (``send`` records)."""
-    from coordinator_free.viewlog import value_digest
+    from coordinator_free.viewlog import digest_like
 
     sends = [r for r in log.records if r.get("k") == "send" and "digest" in r]
     return bool(sends) and all(
-        (int(r["step"]), a) in own and value_digest(own[(int(r["step"]), a)]) == r["digest"]
+        isinstance(r["digest"], str)
+        and (int(r["step"]), a) in own
+        and digest_like(own[(int(r["step"]), a)], r["digest"]) == r["digest"]
         for r in sends
     )
 
