@@ -32,7 +32,11 @@ def test_log_dump_prints_every_record_and_jsonl_in_full(tmp_path, capsys):
     assert rows[0]["k"] == "header" and rows[0]["node"] == 2
     assert [r["seq"] for r in rows[1:]] == [r["seq"] for r in log.records]
     recv = next(r for r in rows if r["k"] == "recv")
-    assert isinstance(recv["value"], list) and len(recv["digest"]) == 32
+    assert (
+        isinstance(recv["value"], list)
+        and recv["digest"].startswith("blake3:")
+        and len(recv["digest"]) == 39
+    )
 
 
 def test_a_damaged_log_prints_what_is_readable_and_names_the_damage(tmp_path, capsys):
