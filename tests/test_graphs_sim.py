@@ -102,3 +102,22 @@ def test_missed_neighbour_falls_back_to_own_value():
     out = mf.gossip_update(terms, 1.0, None)
     assert out[0] == pytest.approx(0.5 * 1 + 0.25 * 3 + 0.25 * 1)
     assert graphs.realised_row(row, 0, {1}) == {0: 0.75, 1: 0.25, 2: 0.0}
+
+
+@pytest.mark.parametrize("dim", [1, 8, 4095, 4096, 16384 * 3 + 5])
+@pytest.mark.parametrize("gamma", [1.0, 1.7])
+def test_gossip_update_is_the_plain_expression_bit_for_bit(dim, gamma):
+    """Large vectors are updated in place a block at a time, small ones by the expression
+    itself: either way the same operations in the same order, so every driver agrees bit for
+    bit whatever the vector's size."""
+    rng = np.random.default_rng(dim)
+    vals = [rng.normal(size=dim) * 10.0 ** rng.integers(-5, 5) for _ in range(4)]
+    terms = [(0.2, vals[0]), (0.3, vals[1]), (0.5, vals[2])]
+    prev = vals[3] if gamma != 1.0 else None
+    acc = terms[0][0] * terms[0][1]
+    for w, v in terms[1:]:
+        acc = acc + w * v
+    want = acc if gamma == 1.0 else gamma * acc + (1.0 - gamma) * prev
+    got = mf.gossip_update(terms, gamma, prev)
+    assert got.dtype == np.float64 and got.shape == (dim,)
+    assert np.array_equal(got.view(np.uint64), want.view(np.uint64))
