@@ -148,15 +148,24 @@ def test_compose_refuses_a_trusted_curator_config(tmp_path):
     assert not (tmp_path / "c").exists()
 
 
-def test_compose_refuses_to_overwrite_and_names_bad_input(tmp_path):
-    assert cfree("compose", "--dir", str(tmp_path)).returncode == 0
-    r = cfree("compose", "--dir", str(tmp_path))
-    assert r.returncode == 2 and "already exists" in r.stderr and "--force" in r.stderr
-    assert cfree("compose", "--dir", str(tmp_path), "--force").returncode == 0
-    r = cfree("compose", "--dir", str(tmp_path / "x"), "--port", "70000")
-    assert r.returncode == 2 and "--port" in r.stderr
-    r = cfree("compose", "--dir", str(tmp_path / "y"), "--set", "graph.nodes=1")
-    assert r.returncode == 2 and "graph.nodes" in r.stderr
+def test_compose_refuses_to_overwrite_and_names_bad_input(tmp_path, capsys):
+    from coordinator_free.cli import main
+
+    def run(*args: str) -> tuple[int, str]:  # the command in this process: its code, stderr
+        try:
+            code = main(["compose", *args])
+        except SystemExit as stop:  # argparse refusing an argument
+            code = stop.code
+        return code, capsys.readouterr().err
+
+    assert run("--dir", str(tmp_path))[0] == 0
+    code, err = run("--dir", str(tmp_path))
+    assert code == 2 and "already exists" in err and "--force" in err
+    assert run("--dir", str(tmp_path), "--force")[0] == 0
+    code, err = run("--dir", str(tmp_path / "x"), "--port", "70000")
+    assert code == 2 and "--port" in err
+    code, err = run("--dir", str(tmp_path / "y"), "--set", "graph.nodes=1")
+    assert code == 2 and "graph.nodes" in err
 
 
 def test_keygen_role_writes_one_key_per_volume_and_refuses_an_old_run(tmp_path):
