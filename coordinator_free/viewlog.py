@@ -963,3 +963,17 @@ def digest_like(value, logged: str) -> str:
     if logged.startswith(DIGEST_PREFIX):
         return value_digest(value)
     return sha256_digest(value)
+
+
+def both_digests(value) -> tuple[str, str]:
+    """A logged value's digest in both forms (current first), for a record that holds the value
+    but no digest: the log it is checked against may name the value in either form."""
+    return value_digest(value), sha256_digest(value)
+
+
+def same_digest(a: str | tuple[str, ...], b: str | tuple[str, ...]) -> bool:
+    """Whether two digests name the same value: each a logged digest, or the forms of one
+    recomputed from a logged value (:func:`both_digests`)."""
+    forms_a = (a,) if type(a) is str else a
+    forms_b = (b,) if type(b) is str else b
+    return any(x in forms_b for x in forms_a)

@@ -322,6 +322,48 @@ def test_a_node_that_turns_its_receipts_into_misses_is_caught(runs, tmp_path, na
     assert [f["kind"] for f in rep["integrity"]] == ["unacknowledged-send"]
 
 
+@pytest.mark.parametrize("name", ["muffliato", "randomized-gossip"])
+def test_sha256_digests_and_values_without_digests_audit_alike(runs, tmp_path, name):
+    """Logs written before BLAKE3 name what was sent by SHA-256 digests, and a log that keeps
+    values may hold a received value without its digest: checked against each other, such logs
+    give no finding and the intact run's every figure; a value that differs from the one sent
+    is still caught."""
+    from coordinator_free.viewlog import sha256_digest
+
+    base = runs[name]
+    nodes = [v for v in range(64) if log_of(base, v).exists()]
+    sent = {
+        (r["step"], r["peer"], v): r["value"]
+        for v in nodes
+        for r in read_viewlog(log_of(base, v)).records
+        if r["k"] == "recv"
+    }
+    run = copy_run(base, tmp_path / "legacy")
+    for v in nodes:
+
+        def legacy(k, f, v=v):
+            if k == "send":
+                f = {**f, "digest": sha256_digest(sent[(f["step"], v, f["peer"])])}
+            elif k == "recv":
+                f = {x: y for x, y in f.items() if x != "digest"}
+            return [(k, f)]
+
+        rewrite(run, v, legacy)
+    recs = read_viewlog(log_of(run, 1)).records
+    assert all(":" not in r["digest"] for r in recs if r["k"] == "send")
+    assert all("digest" not in r for r in recs if r["k"] == "recv")
+    rep = audit.audit_run(run)
+    assert rep["integrity"] == [], rep["integrity"]
+    assert entries(rep) == entries(audit.audit_run(base))
+
+    def altered(k, f):
+        return [(k, {**f, "value": f["value"] + 1.0} if k == "recv" else f)]
+
+    rewrite(run, 1, first_only("recv", lambda f: altered("recv", f)))
+    kinds = {(f["node"], f["kind"]) for f in audit.audit_run(run)["integrity"]}
+    assert (1, "digest-mismatch") in kinds
+
+
 def test_hiding_a_late_value_is_caught(runs, tmp_path):
     """On a run whose values really came late, dropping a late record (seqs renumbered) would
     lower the observer's view: the sender's send is then unacknowledged."""

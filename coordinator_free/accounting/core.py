@@ -24,7 +24,7 @@ import numpy as np
 from coordinator_free import progress, rundir
 from coordinator_free.accounting.loss import Units
 from coordinator_free.errors import AuditError
-from coordinator_free.viewlog import read_viewlog
+from coordinator_free.viewlog import read_viewlog, same_digest
 
 __all__ = [
     "AuditError",
@@ -209,10 +209,10 @@ def _int_field(node: int, r: dict, name: str, integrity: list[dict]) -> bool:
     return False
 
 
-def _value_digest(node: int, r: dict, digest, integrity: list[dict]) -> str | None:
+def _value_digest(node: int, r: dict, digest, integrity: list[dict]) -> str | tuple | None:
     """The digest of the value a recv or late record names: its ``digest`` field, else the
-    digest of its ``value`` (logs that keep values). None (with a finding) for a record that
-    names no usable value."""
+    digests of its ``value`` in both forms (logs that keep values; ``viewlog.both_digests``).
+    None (with a finding) for a record that names no usable value."""
     if "digest" in r:
         dg = r["digest"]
         if isinstance(dg, str):
@@ -406,7 +406,7 @@ def _check_recvs_against_sends(logs: dict, sends: dict, recvs: dict, integrity: 
                     "message": f"step {t}: value from {w} has no send record in {w}'s log",
                 }
             )
-        elif w in logs and sends[(t, w, v)] != dg:
+        elif w in logs and not same_digest(sends[(t, w, v)], dg):
             integrity.append(
                 {
                     "node": v,
@@ -458,15 +458,15 @@ def scan_exchanges(logs: dict, plan, integrity: list[dict], digest) -> ExchangeS
       the partner's log never received, on time or late (a message lost or still in flight when
       the partner stopped: never on a fault-free run).
 
-    ``digest(value)`` computes the digest of a logged value (logs that keep values rather than
-    digests). Every problem is appended to ``integrity``; a record with a problem is ignored.
+    ``digest(value)`` computes the digests of a logged value in both forms (logs that keep
+    values rather than digests; ``viewlog.both_digests``). Every problem is appended to ``integrity``; a record with a problem is ignored.
     The findings come node by node (each log's records in order, then the log's own checks),
     then the received values against the sends, then the unacknowledged sends."""
     used: dict[int, dict[int, set[int]]] = {}
     seen_all: dict[int, set[tuple[int, int]]] = {}
     finished_nodes: set[int] = set()
     sends: dict[tuple[int, int, int], str | None] = {}  # (step, sender, receiver) -> digest
-    recvs: dict[tuple[int, int, int], str] = {}
+    recvs: dict[tuple[int, int, int], str | tuple] = {}
     missed: dict[int, set[tuple[int, int]]] = {}
     for i, (v, vl) in enumerate(logs.items()):
         progress.tick(i, len(logs), "checking the exchanges of log")

@@ -38,7 +38,7 @@ from coordinator_free.accounting.core import (
     smallest_sigma,
     units_of,
 )
-from coordinator_free.viewlog import value_digest
+from coordinator_free.viewlog import both_digests, value_digest
 
 # Up to this many nodes the audit always replays the realised schedule with the general
 # (schedule-agnostic) computation; above it, a fault-free schedule uses the fast plan path.
@@ -267,8 +267,8 @@ def replay(run_dir: Path, plan, views: Views) -> Replay:
     )
 
 
-def _digest(value: np.ndarray) -> str:
-    return value_digest(np.asarray(value, dtype=np.float64))
+def _digest(value: np.ndarray) -> tuple[str, str]:
+    return both_digests(np.asarray(value, dtype=np.float64))
 
 
 def _observer_losses(plan, u, v: int, per_method: dict, made: dict, notes: list) -> dict:

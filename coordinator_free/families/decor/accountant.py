@@ -41,7 +41,7 @@ from coordinator_free.accounting.core import (
     units_of,
 )
 from coordinator_free.privacy import decor as dacct
-from coordinator_free.viewlog import value_digest
+from coordinator_free.viewlog import both_digests
 
 if TYPE_CHECKING:
     from coordinator_free.config import Config
@@ -259,12 +259,13 @@ def _exchange_ok(plan, v: int, r: dict) -> bool:
     )  # fmt: skip
 
 
-def _safe_digest(value) -> str:
-    """The digest of a logged value, or a marker that never matches a logged digest."""
+def _safe_digest(value) -> tuple[str, ...]:
+    """The digests of a logged value in both forms (``viewlog.both_digests``), or a marker that
+    never matches a logged digest."""
     try:
-        return value_digest(np.asarray(value, np.float64))
+        return both_digests(np.asarray(value, np.float64))
     except (TypeError, ValueError):
-        return "<not a vector>"
+        return ("<not a vector>",)
 
 
 @dataclass

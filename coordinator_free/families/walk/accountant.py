@@ -44,6 +44,7 @@ from coordinator_free.accounting.core import (
 from coordinator_free.engine.token import WALK_ENDS
 from coordinator_free.families.walk import protocol as wk
 from coordinator_free.privacy import walk as acct
+from coordinator_free.viewlog import both_digests, same_digest
 
 if TYPE_CHECKING:
     from coordinator_free.config import Config
@@ -475,8 +476,9 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _record_digest(r: dict) -> str | None:
-    """The digest a token record carries (or of the value it logged); None if it has neither."""
+def _record_digest(r: dict) -> str | tuple[str, str] | None:
+    """The digest a token record carries (or those of the value it logged, in both forms:
+    ``viewlog.both_digests``); None if it has neither."""
     dg = r.get("digest")
     if isinstance(dg, str):
         return dg
@@ -485,7 +487,7 @@ def _record_digest(r: dict) -> str | None:
             value = np.asarray(r["value"], dtype=np.float64)
         except (TypeError, ValueError):
             return None
-        return wk.digest(value) if value.ndim == 1 else None
+        return both_digests(value) if value.ndim == 1 else None
     return None
 
 
@@ -587,9 +589,11 @@ class _PathClaims:
     fault_free: bool
     ends: dict[int, dict] = field(default_factory=dict)
     sends: list[tuple[int, int, int, int]] = field(default_factory=list)  # (token, step, a, b)
-    send_digest: dict[tuple[int, int, int], str] = field(default_factory=dict)
+    send_digest: dict[tuple[int, int, int], str | tuple[str, str]] = field(default_factory=dict)
     # (token, step, receiver, sender, digest)
-    seen_digest: list[tuple[int, int, int, int, str]] = field(default_factory=list)
+    seen_digest: list[tuple[int, int, int, int, str | tuple[str, str]]] = field(
+        default_factory=list
+    )
 
     @classmethod
     def empty(cls, tokens: int, *, fault_free: bool) -> _PathClaims:
@@ -684,7 +688,7 @@ def _check_seen_digests(pc: _PathClaims, integrity: list) -> None:
     """Every token value a node saw against the digest its sender logged sending."""
     for j, s, v, peer, dg in pc.seen_digest:
         sent = pc.send_digest.get((j, s, peer))
-        if sent is not None and sent != dg:
+        if sent is not None and not same_digest(sent, dg):
             integrity.append(
                 {
                     "node": v,
