@@ -29,8 +29,10 @@ with ``seq`` counting 0, 1, 2, ... across the whole file. A writer that resumes 
 A record that names a vector (``send``, ``recv``, ``late``, the token records) carries its
 ``digest`` (:func:`value_digest`): ``"blake3:"`` and 32 hex digits. Logs written before
 BLAKE3 carry the first 128 bits of SHA-256 (32 hex digits, no prefix); a digest recomputed to
-check a logged one takes the logged one's form (:func:`digest_like`), so both kinds of logs audit
-alike.
+check a logged one takes the logged one's form (:func:`digest_like`), and a record that holds a
+value without its digest is checked in both forms (:func:`both_digests`, :func:`same_digest`), so
+both kinds of logs audit alike. The logs of one run are expected to share a form: a value its
+sender's log names in one form and its receiver's in the other is a ``digest-mismatch``.
 
 A record goes to the operating system as soon as it is made, or, when the writer holds records
 (:meth:`ViewLogWriter.hold`, as a peer does while it handles the events that arrived together),
