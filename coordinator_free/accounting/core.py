@@ -24,7 +24,7 @@ import numpy as np
 from coordinator_free import progress, rundir
 from coordinator_free.accounting.loss import Units
 from coordinator_free.errors import AuditError
-from coordinator_free.viewlog import read_viewlog, same_digest
+from coordinator_free.viewlog import both_digests, read_viewlog, same_digest
 
 __all__ = [
     "AuditError",
@@ -209,7 +209,7 @@ def _int_field(node: int, r: dict, name: str, integrity: list[dict]) -> bool:
     return False
 
 
-def _value_digest(node: int, r: dict, digest, integrity: list[dict]) -> str | tuple | None:
+def _value_digest(node: int, r: dict, integrity: list[dict]) -> str | tuple | None:
     """The digest of the value a recv or late record names: its ``digest`` field, else the
     digests of its ``value`` in both forms (logs that keep values; ``viewlog.both_digests``).
     None (with a finding) for a record that names no usable value."""
@@ -226,7 +226,7 @@ def _value_digest(node: int, r: dict, digest, integrity: list[dict]) -> str | tu
     if not (isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in "fiu"):
         integrity.append(bad_record(node, r, "value", "is not a one-dimensional numeric array"))
         return None
-    return digest(value)
+    return both_digests(np.asarray(value, dtype=np.float64))
 
 
 @dataclass
@@ -268,7 +268,6 @@ def _exchange_record(
     sends: dict,
     recvs: dict,
     integrity: list[dict],
-    digest,
 ) -> None:
     """One ``send``, ``recv``, ``late`` or ``miss`` record of node v, checked and then noted in
     ``node``, ``sends`` or ``recvs`` (a record with a problem is reported and ignored)."""
@@ -301,7 +300,7 @@ def _exchange_record(
         return
     if k == "late" and not _int_field(v, r, "now", integrity):
         return
-    dg = _value_digest(v, r, digest, integrity)
+    dg = _value_digest(v, r, integrity)
     if dg is None:
         return
     if k == "recv":
@@ -323,14 +322,14 @@ def _exchange_record(
 
 
 def _read_exchanges(
-    v: int, records, plan, sends: dict, recvs: dict, integrity: list[dict], digest
+    v: int, records, plan, sends: dict, recvs: dict, integrity: list[dict]
 ) -> _NodeExchanges:
     """Node v's exchange, ``duplicate`` and ``finished`` records, in log order."""
     node = _NodeExchanges()
     for r in records:
         k = r.get("k")
         if k in ("recv", "late", "send", "miss"):
-            _exchange_record(v, r, plan, node, sends, recvs, integrity, digest)
+            _exchange_record(v, r, plan, node, sends, recvs, integrity)
         elif k == "duplicate" and "kind" not in r:
             if is_int(r.get("step")) and is_int(r.get("peer")):
                 node.dups.append((r, r["step"], r["peer"]))
@@ -437,7 +436,7 @@ def _check_unacknowledged(
         )
 
 
-def scan_exchanges(logs: dict, plan, integrity: list[dict], digest) -> ExchangeScan:
+def scan_exchanges(logs: dict, plan, integrity: list[dict]) -> ExchangeScan:
     """The integrity checks of the exchange records, the same for every family that exchanges
     values at numbered steps (gossip averaging, randomized gossip, learning, DECOR):
 
@@ -458,8 +457,9 @@ def scan_exchanges(logs: dict, plan, integrity: list[dict], digest) -> ExchangeS
       the partner's log never received, on time or late (a message lost or still in flight when
       the partner stopped: never on a fault-free run).
 
-    ``digest(value)`` computes the digests of a logged value in both forms (logs that keep
-    values rather than digests; ``viewlog.both_digests``). Every problem is appended to ``integrity``; a record with a problem is ignored.
+    A record that holds a value without its digest is checked by the value's digests in both
+    forms (``viewlog.both_digests``). Every problem is appended to ``integrity``; a record with
+    a problem is ignored.
     The findings come node by node (each log's records in order, then the log's own checks),
     then the received values against the sends, then the unacknowledged sends."""
     used: dict[int, dict[int, set[int]]] = {}
@@ -470,7 +470,7 @@ def scan_exchanges(logs: dict, plan, integrity: list[dict], digest) -> ExchangeS
     missed: dict[int, set[tuple[int, int]]] = {}
     for i, (v, vl) in enumerate(logs.items()):
         progress.tick(i, len(logs), "checking the exchanges of log")
-        node = _read_exchanges(v, vl.records, plan, sends, recvs, integrity, digest)
+        node = _read_exchanges(v, vl.records, plan, sends, recvs, integrity)
         if node.finished:
             finished_nodes.add(v)
         _check_node_exchanges(v, node, plan, integrity)

@@ -38,7 +38,7 @@ from coordinator_free.accounting.core import (
     smallest_sigma,
     units_of,
 )
-from coordinator_free.viewlog import both_digests, value_digest
+from coordinator_free.viewlog import value_digest
 
 # Up to this many nodes the audit always replays the realised schedule with the general
 # (schedule-agnostic) computation; above it, a fault-free schedule uses the fast plan path.
@@ -218,7 +218,7 @@ def replay(run_dir: Path, plan, views: Views) -> Replay:
     logs = read_logs(run_dir, plan, integrity)
     plan, found = views.bind(plan, logs)
     integrity.extend(found)
-    scan = scan_exchanges(logs, plan, integrity, _digest)
+    scan = scan_exchanges(logs, plan, integrity)
     got, received, logged = scan.used, scan.seen, set(logs)
     steps: list[tuple[np.ndarray, float]] = []
     # Any missing, damaged or unfinished log means the schedule is not fully known: never
@@ -265,10 +265,6 @@ def replay(run_dir: Path, plan, views: Views) -> Replay:
         late=late,
         plan=plan,
     )
-
-
-def _digest(value: np.ndarray) -> tuple[str, str]:
-    return both_digests(np.asarray(value, dtype=np.float64))
 
 
 def _observer_losses(plan, u, v: int, per_method: dict, made: dict, notes: list) -> dict:

@@ -41,7 +41,6 @@ from coordinator_free.accounting.core import (
     units_of,
 )
 from coordinator_free.privacy import decor as dacct
-from coordinator_free.viewlog import both_digests
 
 if TYPE_CHECKING:
     from coordinator_free.config import Config
@@ -257,15 +256,6 @@ def _exchange_ok(plan, v: int, r: dict) -> bool:
         isinstance(t, int) and isinstance(w, int) and 0 <= t < plan.steps
         and w in plan.partners_at(v, t)
     )  # fmt: skip
-
-
-def _safe_digest(value) -> tuple[str, ...]:
-    """The digests of a logged value in both forms (``viewlog.both_digests``), or a marker that
-    never matches a logged digest."""
-    try:
-        return both_digests(np.asarray(value, np.float64))
-    except (TypeError, ValueError):
-        return ("<not a vector>",)
 
 
 @dataclass
@@ -510,7 +500,7 @@ def replay_rounds(run_dir: Path, plan, integrity: list[dict], notes: list[dict])
     usable = _usable_records(logs, integrity)
     # The checks every step-exchange family gets: unfinished logs, impossible records, values
     # received that their sender never logged sending, or logged differently.
-    scan_exchanges(usable, plan, integrity, _safe_digest)
+    scan_exchanges(usable, plan, integrity)
     pair_commits: dict[tuple[int, int], str] = {}
     for v, vl in usable.items():
         _replay_node(plan, v, vl.records, rr, pair_commits, integrity)
