@@ -401,6 +401,70 @@ async def test_bad_frame_from_established_peer(cluster, attack, reason):
         await rogue.close()
 
 
+async def test_a_frame_stalled_part_way_ends_at_its_deadline(cluster):
+    """Half a frame, then nothing: the channel is dropped once the rest is io_timeout late (a
+    peer still sending its frames keeps the connection: the deadline is per frame)."""
+    a = cluster.add(0, [2], reconnect=False, io_timeout=0.4)
+    await cluster.start(a)
+    rogue = Rogue(2, 0, cluster.addresses[0])
+    try:
+        await rogue.connect()
+        # Three frames each completed within the deadline, with pauses between them longer
+        # than it: between frames nothing is due.
+        for step in range(3):
+            frame = rogue.frame(Message("value", 0, step, payload=np.full(64, float(step))))
+            rogue.writer.write(frame[:100])
+            await rogue.writer.drain()
+            assert await a.next_event(0.1) is None
+            rogue.writer.write(frame[100:])
+            ev = await next_of(a, Inbound)
+            assert ev.peer == 2 and ev.message.step == step
+            assert await a.next_event(0.5) is None
+        assert a.connected == {2}
+        frame = rogue.frame(Message("value", 0, 3, payload=np.zeros(64)))
+        rogue.writer.write(frame[:100])
+        t0 = time.monotonic()
+        down = await next_of(a, PeerDown)
+        assert down.peer == 2 and "rest of the frame not received within 0.4 s" in down.reason
+        assert time.monotonic() - t0 >= 0.3
+    finally:
+        await rogue.close()
+
+
+@pytest.mark.parametrize("pattern", ["bytewise", "all-at-once"])
+async def test_frames_arriving_in_any_pieces_decode_in_order(cluster, pattern):
+    """Frames split anywhere (one byte at a time) or many in one write, a 2 MiB one among them
+    (over the stream's buffer limit while unauthenticated): every message, in order, intact."""
+    a = cluster.add(0, [2], reconnect=False, max_frame=4 << 20)
+    await cluster.start(a)
+    rogue = Rogue(2, 0, cluster.addresses[0])
+    try:
+        await rogue.connect()
+        payloads = [np.arange(k + 1, dtype=np.float64) * k for k in range(6)]
+        if pattern == "all-at-once":
+            payloads.insert(3, np.random.default_rng(0).random(1 << 18))  # 2 MiB
+        stream = b"".join(
+            rogue.frame(Message("value", 0, t, payload=p)) for t, p in enumerate(payloads)
+        )
+        if pattern == "bytewise":
+            for i in range(len(stream)):
+                rogue.writer.write(stream[i : i + 1])
+                if i % 64 == 0:
+                    await rogue.writer.drain()
+                    await asyncio.sleep(0)
+        else:
+            rogue.writer.write(stream)
+        await rogue.writer.drain()
+        for t, p in enumerate(payloads):
+            ev = await next_of(a, Inbound)
+            assert ev.peer == 2 and ev.message.step == t
+            assert np.array_equal(ev.message.payload, p)
+        assert a.connected == {2}
+        assert a.stats[2].bytes_received >= len(stream)
+    finally:
+        await rogue.close()
+
+
 async def test_closing_a_peer_emits_peer_down(cluster):
     nets = await build(cluster, [(0, 1), (1, 2), (0, 2)])
     await nets[2].close()
