@@ -55,11 +55,12 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from coordinator_free.net.channel import (
     CIPHER_NAMES,
+    DEFAULT_MAX_FRAME,
     MessageReceived,
     SecureChannel,
     cipher_suites,
 )
-from coordinator_free.net.transport import STREAM_LIMIT, Inbound, PeerNet
+from coordinator_free.net.transport import CHUNK, Inbound, PeerNet
 from coordinator_free.net.wire import Message, decode_message, encode_message
 
 RUN_ID = b"bench-transport"
@@ -67,6 +68,10 @@ LOOPBACK = "127.0.0.1"
 KIB = 1 << 10
 MIB = 1 << 20
 WIRE_SIZES = (8, 8 * KIB, MIB, 16 * MIB)
+#: The baseline's StreamReader limit: a whole frame and a read beyond it, so the plain stream
+#: never pauses reading part-way through a message (nor does PeerNet, whose established
+#: channels read into buffers of their own).
+BASELINE_LIMIT = DEFAULT_MAX_FRAME + CHUNK
 FRAME_SIZES = (64, 8 * KIB, MIB, 16 * MIB)
 #: Longest wait for any single network event before the run is declared broken.
 EVENT_TIMEOUT = 30.0
@@ -413,10 +418,12 @@ class StreamPair:
             else:
                 arrived.set_result((reader, writer))
 
-        self.server = await asyncio.start_server(on_connection, sock=self.sock, limit=STREAM_LIMIT)
+        self.server = await asyncio.start_server(
+            on_connection, sock=self.sock, limit=BASELINE_LIMIT
+        )
         host, port = self.sock.getsockname()[:2]
         async with asyncio.timeout(EVENT_TIMEOUT):
-            self.client = await asyncio.open_connection(host, port, limit=STREAM_LIMIT)
+            self.client = await asyncio.open_connection(host, port, limit=BASELINE_LIMIT)
             self.accepted = await arrived
 
     async def close(self) -> None:

@@ -231,6 +231,105 @@ def test_random_split_points(keys, roster):
     assert got == [MessageReceived(p) for p in payloads]
 
 
+def _read_into(ch: SecureChannel, data: bytes, rnd: random.Random, most: int) -> list:
+    """Feed ``data`` as a socket would into the channel's own buffer: each read fills part of
+    the room the channel offers (at most ``most`` bytes, at random)."""
+    got: list = []
+    pos = 0
+    while pos < len(data):
+        room = ch.receive_space()
+        assert len(room) > 0
+        n = min(len(room), len(data) - pos, rnd.randrange(1, most + 1))
+        room[:n] = data[pos : pos + n]
+        room.release()
+        got += ch.receive_into(n)
+        pos += n
+    return got
+
+
+@pytest.mark.parametrize("most", [1, 13, 700, 1 << 22])
+def test_own_buffer_reads_in_place_at_any_split(keys, roster, most):
+    """Frames read into the channel's own buffer, split anywhere (a byte at a time, at header
+    size, in pieces, or as much as the room allows), with frames larger than the buffer
+    among them (it grows) and the start of the next frame held behind the end of one (moved
+    to the front): the same messages as receive_data, in order."""
+    rnd = random.Random(most)
+    ini, res = established_pair(keys, roster)
+    sizes = [0, 1, 100, 9000, 3 << 20, 5, 70000, 2, 1 << 20]
+    if most == 1:
+        sizes = [0, 1, 100, 9000, 5, 20000]  # a byte at a time: no megabytes
+    payloads = [rnd.randbytes(n) for n in sizes]
+    res.own_buffer()
+    assert res.bytes_needed() == HEADER_SIZE and not res.mid_frame
+    assert _read_into(res, b"".join(frames(ini, *payloads)), rnd, most) == [
+        MessageReceived(p) for p in payloads
+    ]
+    assert not res.mid_frame and res.bytes_needed() == HEADER_SIZE
+
+
+def test_own_buffer_takes_the_bytes_already_held(keys, roster):
+    """A frame part-way in when the channel switches to its own buffer completes there; the
+    buffer grows towards the frame in progress no faster than bytes arrive (a header alone
+    cannot make it large), then offers the whole rest; the room is checked."""
+    ini, res = established_pair(keys, roster)
+    first, second = frames(ini, b"a" * 50_000, b"bb")
+    res.receive_data(first[:20])
+    assert res.mid_frame
+    res.own_buffer()
+    assert res.bytes_needed() == len(first) - 20
+    room = res.receive_space()
+    assert 4096 <= len(room) < 20_000  # at most double the first 8 KiB, not the frame's 50 kB
+    room[:4096] = first[20 : 20 + 4096]
+    room.release()
+    assert res.receive_into(4096) == []
+    while len(room := res.receive_space()) < len(first) - 20 - 4096:
+        room.release()
+        assert res.receive_into(0) == []  # the buffer doubles at each call
+    with pytest.raises(ValueError, match="do not fit"):
+        res.receive_into(len(room) + 1)
+    room.release()
+    with pytest.raises(ValueError, match="own buffer"):
+        res.receive_data(b"x")
+    room.release()
+    got = _read_into(res, first[20 + 4096 :] + second, random.Random(1), 4096)
+    assert got == [MessageReceived(b"a" * 50_000), MessageReceived(b"bb")]
+
+
+def test_own_buffer_end_of_stream_and_damage(keys, roster):
+    """In its own buffer, a frame cut short by the end of the stream, and a tampered frame,
+    fail as they do with receive_data; a complete stream ends cleanly."""
+    ini, res = established_pair(keys, roster)
+    (frame,) = frames(ini, b"x" * 1000)
+    res.own_buffer()
+    _read_into(res, frame[:500], random.Random(2), 100)
+    with pytest.raises(FrameError, match=r"middle of frame 0 \(500 bytes received of 1029"):
+        res.receive_eof()
+    assert_dead(res)
+
+    ini, res = established_pair(keys, roster)
+    good, bad = frames(ini, b"ok", b"no")
+    bad = bad[:-1] + bytes([bad[-1] ^ 1])
+    res.own_buffer()
+    with pytest.raises(FrameError, match="failed authentication") as err:
+        _read_into(res, good + bad, random.Random(3), 1 << 20)
+    assert err.value.events == (MessageReceived(b"ok"),)
+    assert_dead(res)
+
+    ini, res = established_pair(keys, roster)
+    res.own_buffer()
+    _read_into(res, b"".join(frames(ini, b"1", b"2")), random.Random(4), 7)
+    res.receive_eof()
+    assert res.closed
+
+
+def test_own_buffer_only_when_established(keys, roster):
+    ini, res = make_pair(keys, roster)
+    with pytest.raises(ValueError, match="established"):
+        res.own_buffer()
+    with pytest.raises(ValueError, match="own_buffer first"):
+        res.receive_space()
+
+
 # --------------------------------------------------------------------------- authentication
 
 

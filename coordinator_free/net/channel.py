@@ -132,6 +132,11 @@ RUN_TAG_SIZE = 16
 MAX_NODE_ID = (1 << 32) - 1
 MAX_SEQ = (1 << 64) - 1
 DEFAULT_MAX_FRAME = 64 << 20
+#: A channel's own receive buffer (:meth:`SecureChannel.own_buffer`): its first size, and the
+#: least room it offers a read. It grows, at most doubling, to the largest frame received (at
+#: most ``max_frame`` and a header, checked at the header) and stays that size.
+RECV_INITIAL = 8 << 10
+RECV_ROOM = 4 << 10
 
 _IDS = struct.Struct(">II")
 _HEADER = struct.Struct(">IBQ")
@@ -425,6 +430,9 @@ class SecureChannel:
 
         self._buf = bytearray()
         self._off = 0  # frames before this offset of _buf are consumed (cut once per call)
+        # Own receive buffer (own_buffer): _buf is preallocated, its bytes _off.._end are held.
+        self._own = False
+        self._end = 0
         self._out: list[bytes] = []
         self._h = hashlib.sha256(PROTOCOL_NAME).digest()
         self._mix(len(self._run_id).to_bytes(4, "big") + self._run_id)
@@ -469,7 +477,11 @@ class SecureChannel:
     @property
     def mid_frame(self) -> bool:
         """True while part of a frame (or handshake message) has arrived but not all of it."""
-        return bool(self._buf)
+        return self._held() > 0
+
+    def _held(self) -> int:
+        """How many bytes have arrived and not been consumed."""
+        return self._end - self._off if self._own else len(self._buf)
 
     @property
     def frames_sent(self) -> int:
@@ -512,6 +524,8 @@ class SecureChannel:
             raise ChannelClosed(f"channel is closed ({self._close_reason})")
         if self._state is _State.START:
             self._fail(HandshakeError("received data before the handshake started"), [])
+        if self._own:
+            raise ValueError("a channel with its own buffer takes bytes through receive_into")
         self._buf += data
         return self._process()
 
@@ -521,9 +535,61 @@ class SecureChannel:
         :meth:`receive_data`, which would copy them here. :meth:`receive_buffered` then
         decrypts the complete frames where they lie and cuts them from the front of ``buf``.
         Only for an established channel that holds no bytes of its own."""
-        if self._state is not _State.ESTABLISHED or self._buf:
+        if self._state is not _State.ESTABLISHED or self._own or self._buf:
             raise ValueError("only an established channel with nothing buffered shares a buffer")
         self._buf = buf
+
+    def own_buffer(self) -> None:
+        """From now on, keep arrived bytes in a buffer of the channel's own, which the caller
+        reads into: :meth:`receive_space` gives the room (a writable view, sized for the frame
+        in progress), :meth:`receive_into` takes what was read there. Bytes are then decrypted
+        where the socket put them, with no copy between. The bytes the channel held (its own,
+        or a shared buffer's) move into it. Only for an established channel."""
+        if self._state is not _State.ESTABLISHED:
+            raise ValueError("only an established channel reads into a buffer of its own")
+        if self._own:
+            return
+        n = len(self._buf) - self._off
+        buf = bytearray(max(RECV_INITIAL, n + RECV_ROOM))
+        with memoryview(self._buf) as held:
+            buf[:n] = held[self._off :]
+        self._buf, self._off, self._end, self._own = buf, 0, n, True
+
+    def receive_space(self) -> memoryview:
+        """Writable room after the bytes held (:meth:`own_buffer`): the rest of the frame in
+        progress, else :data:`RECV_ROOM`, where the buffer holds that much. Held bytes move to
+        the front when that makes the room; otherwise the buffer grows, at most doubling each
+        time, so that it never grows far beyond what arrived (a frame's header alone cannot
+        make it large): the room is then at least :data:`RECV_ROOM`."""
+        if not self._own:
+            raise ValueError("receive_space needs own_buffer first")
+        buf, off, end = self._buf, self._off, self._end
+        want = RECV_ROOM
+        if self._pending_len is not None:
+            want = max(want, HEADER_SIZE + self._pending_len - (end - off))
+        if len(buf) - end < want:
+            held = end - off
+            if len(buf) - held >= want:  # enough once the held bytes are moved to the front
+                with memoryview(buf) as view:
+                    view[:held] = view[off:end]
+            else:
+                grown = bytearray(min(held + want, max(2 * len(buf), held + RECV_ROOM)))
+                with memoryview(buf) as view:
+                    grown[:held] = view[off:end]
+                self._buf = buf = grown
+            self._off = 0
+            self._end = end = held
+        return memoryview(buf)[end:]
+
+    def receive_into(self, n: int) -> list[Event]:
+        """:meth:`receive_data` for ``n`` bytes read into :meth:`receive_space`'s room: the
+        events they complete, in order. Raises as :meth:`receive_data` does."""
+        if self._state is _State.CLOSED:
+            raise ChannelClosed(f"channel is closed ({self._close_reason})")
+        if not 0 <= n <= len(self._buf) - self._end:
+            raise ValueError(f"{n} bytes do not fit the room given ({len(self._buf) - self._end})")
+        self._end += n
+        return self._process()
 
     def receive_buffered(self) -> list[Event]:
         """:meth:`receive_data` for a shared buffer (:meth:`share_buffer`): the events the
@@ -537,7 +603,10 @@ class SecureChannel:
         try:
             while self._step(events):
                 pass
-            if self._off:
+            if self._own:
+                if self._off == self._end:  # all consumed: the next read starts at the front
+                    self._off = self._end = 0
+            elif self._off:
                 del self._buf[: self._off]  # one cut for all the frames this call consumed
                 self._off = 0
         except ChannelError as exc:
@@ -561,7 +630,7 @@ class SecureChannel:
                 ),
                 [],
             )
-        if self._buf:
+        if self._held():
             if self._pending_len is None:
                 want = f"a {HEADER_SIZE}-byte header"
             else:
@@ -569,7 +638,7 @@ class SecureChannel:
             self._fail(
                 FrameError(
                     f"connection closed in the middle of frame {self._recv_seq} "
-                    f"({len(self._buf)} bytes received of {want})"
+                    f"({self._held()} bytes received of {want})"
                 ),
                 [],
             )
@@ -600,7 +669,7 @@ class SecureChannel:
 
     def bytes_needed(self) -> int:
         """How many more bytes the next step needs (0 if the channel expects no input now)."""
-        have = len(self._buf)
+        have = self._held()
         match self._state:
             case _State.WAIT_M1:
                 # Ask for the magic first, so a driver reading exactly this much rejects a
@@ -634,6 +703,8 @@ class SecureChannel:
         self._close_reason = reason
         self._buf = bytearray()
         self._off = 0
+        self._own = False
+        self._end = 0
         self._send_aead = self._recv_aead = None
         self._send_key = None
         self._ephemeral = None
@@ -879,8 +950,9 @@ class SecureChannel:
     def _step_frame(self, events: list[Event]) -> bool:
         buf = self._buf
         off = self._off
+        size = self._end if self._own else len(buf)
         if self._pending_len is None:
-            if len(buf) - off < HEADER_SIZE:
+            if size - off < HEADER_SIZE:
                 return False
             length, ftype, seq = _HEADER.unpack_from(buf, off)
             if length > self._max_frame:
@@ -907,7 +979,7 @@ class SecureChannel:
             self._pending_type = ftype
         length = self._pending_len
         end = off + HEADER_SIZE + length
-        if len(buf) < end:
+        if size < end:
             return False
         assert self._recv_aead is not None
         seq = self._recv_seq

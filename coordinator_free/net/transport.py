@@ -9,6 +9,9 @@ channel closes, fails or falls silent, :class:`PeerUp` when a lost neighbour is 
 All crypto and framing decisions live in the sans-IO channel; this module only moves bytes,
 with a deadline on every await that can block progress: connecting, the handshake, the
 leader's choice of connection, the rest of a frame once its header has arrived, draining a send.
+Once a channel is selected, what arrives is decrypted and decoded in its stream's data callback
+(the bytes in the stream's own buffer, no copy) and its events queued at once; the connection's
+task then waits only for the end of the stream, a failure in that callback, or a frame's deadline.
 
 Liveness: with ``heartbeat_s`` set, every established channel carries an authenticated
 heartbeat (a control frame of the channel, not a data message) whenever nothing was sent on it
@@ -61,6 +64,7 @@ from coordinator_free.engine.events import Inbound, NetEvent, PeerDown, PeerUp
 from coordinator_free.net.channel import (
     DEFAULT_MAX_FRAME,
     HEADER_SIZE,
+    RECV_ROOM,
     TAG_SIZE,
     AuthenticationError,
     ChannelError,
@@ -428,6 +432,32 @@ def _tick_interval(heartbeat_s: float | None, silence_s: float | None) -> float 
     if silence_s is not None:
         ticks.append(silence_s / 4)
     return max(0.005, min(ticks)) if ticks else None
+
+
+class _FrameReader(asyncio.BufferedProtocol):
+    """The protocol of a selected channel's connection: the socket's bytes are read straight
+    into the channel's own buffer (``get_buffer``, ``buffer_updated``: the transport's
+    callbacks); the end of the stream and the writer's flow control still go to the stream's
+    own protocol (``inner``), so its reader sees the end and its writer's ``drain`` works."""
+
+    __slots__ = ("_inner", "get_buffer", "buffer_updated")
+
+    def __init__(self, inner: asyncio.BaseProtocol, get_buffer, buffer_updated) -> None:
+        self._inner = inner
+        self.get_buffer = get_buffer
+        self.buffer_updated = buffer_updated
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._inner.connection_lost(exc)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()  # type: ignore[attr-defined]
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
 
 
 class PeerNet:
@@ -1043,27 +1073,53 @@ class PeerNet:
         for ev in events:
             self._dispatch(conn, ev)
 
+    def _received(self, conn: _Conn, n: int) -> None:
+        """Take ``n`` bytes read into the channel's own buffer: count them, decode the frames
+        they complete, dispatch their events."""
+        self._count_rx(conn, n)
+        if not self._blocked(conn):
+            conn.last_rx = time.monotonic()
+        try:
+            events = conn.channel.receive_into(n)
+        except ChannelError as exc:
+            for ev in exc.events:
+                self._dispatch(conn, ev)
+            raise
+        for ev in events:
+            self._dispatch(conn, ev)
+
     async def _read_direct(self, conn: _Conn) -> None:
-        """The reading of a selected channel that shares its stream's buffer: every arrival is
-        decoded and dispatched in the stream's data callback, without a turn of this task (one
-        task switch less per message); the task waits for the end of the stream, a failure in
-        the callback (raised here, so the connection ends as any read's failure ends it) and,
-        while a frame is part-way in, its deadline. Returns only by raising."""
+        """The reading of a selected channel: its stream's protocol is replaced by a buffered
+        one (:class:`_FrameReader`) that reads straight into the channel's own buffer, and every
+        arrival is decrypted, decoded and dispatched in that protocol's callback, without a
+        turn of this task (one task switch and two copies of every byte less than a stream
+        reader). The task waits for the end of the stream, a failure in the callback (raised
+        here, so the connection ends as any read's failure ends it) and, while a frame is
+        part-way in, its deadline. Returns only by raising."""
         loop = asyncio.get_running_loop()
         reader, ch = conn.reader, conn.channel
-        feed_data, feed_eof, set_exception = reader.feed_data, reader.feed_eof, reader.set_exception
+        transport = conn.writer.transport
+        feed_eof, set_exception = reader.feed_eof, reader.set_exception
+        discard: bytearray | None = None  # room for bytes that arrive after a failure
 
         def wake() -> None:
             w = conn.wake
             if w is not None and not w.done():
                 w.set_result(None)
 
-        def on_data(data: bytes) -> None:
-            feed_data(data)
-            if conn.closed or conn.failure is not None:
+        def get_buffer(sizehint: int) -> memoryview | bytearray:
+            nonlocal discard
+            if conn.closed or conn.failure is not None or ch.closed:
+                if discard is None:
+                    discard = bytearray(RECV_ROOM)
+                return discard
+            return ch.receive_space()
+
+        def buffer_updated(n: int) -> None:
+            if conn.closed or conn.failure is not None or ch.closed:
                 return
             try:
-                self._consume(conn)
+                self._received(conn, n)
             except BaseException as exc:  # raised by the task, as a read's failure
                 conn.failure = exc
                 wake()
@@ -1083,16 +1139,21 @@ class PeerNet:
             set_exception(exc)
             wake()
 
-        # The buffer holds at most the frame in progress and what arrived with it: reading is
-        # never paused for its size (a frame's length is bounded by max_frame at its header).
-        reader._limit = max(reader._limit, self._max_frame + CHUNK)
-        reader.feed_data, reader.feed_eof, reader.set_exception = on_data, on_eof, on_exception
+        # The stream's protocol still ends the stream (eof_received, connection_lost: the
+        # reader's end, which wakes this task) and paces the writer; reading goes to the channel.
+        reader.feed_eof, reader.set_exception = on_eof, on_exception
         try:
-            if reader._paused:
-                reader._paused = False
-                reader._transport.resume_reading()
             if len(reader._buffer) > conn.seen and not conn.closed:
                 self._consume(conn)  # what arrived before this mode began
+            if not (conn.closed or ch.closed or transport.is_closing()):
+                ch.own_buffer()  # the bytes of a frame part-way in move with it
+                del reader._buffer[:]
+                conn.seen = 0
+                inner = transport.get_protocol()
+                transport.set_protocol(_FrameReader(inner, get_buffer, buffer_updated))
+                if reader._paused:  # paused by the stream's limit: the channel reads on
+                    reader._paused = False
+                    transport.resume_reading()
             while True:
                 conn.wake = loop.create_future()
                 if conn.failure is not None:
@@ -1123,7 +1184,7 @@ class PeerNet:
                         pass  # checked at the top
         finally:
             conn.wake = None
-            del reader.feed_data, reader.feed_eof, reader.set_exception
+            del reader.feed_eof, reader.set_exception
 
     async def _end_of_stream(self, conn: _Conn, timeout: float | None) -> None:
         """The stream of a directly read channel ended (closed or failed): raise what a read
