@@ -9,9 +9,10 @@ channel closes, fails or falls silent, :class:`PeerUp` when a lost neighbour is 
 All crypto and framing decisions live in the sans-IO channel; this module only moves bytes,
 with a deadline on every await that can block progress: connecting, the handshake, the
 leader's choice of connection, the rest of a frame once its header has arrived, draining a send.
-Once a channel is selected, what arrives is decrypted and decoded in its stream's data callback
-(the bytes in the stream's own buffer, no copy) and its events queued at once; the connection's
-task then waits only for the end of the stream, a failure in that callback, or a frame's deadline.
+Once a channel is selected, the socket's bytes are read straight into the channel's own buffer
+(a buffered protocol takes over from the stream's) and decrypted, decoded and queued in the read
+callback; the connection's task then waits only for the end of the stream, a failure in that
+callback, or a frame's deadline.
 
 Liveness: with ``heartbeat_s`` set, every established channel carries an authenticated
 heartbeat (a control frame of the channel, not a data message) whenever nothing was sent on it
@@ -301,9 +302,9 @@ class _Conn:
         # (no copy into a bytes object, none into the channel); ``seen`` of its bytes counted.
         self.shared = False
         self.seen = 0
-        # Selected and shared: frames are decoded in the stream's data callback and the
-        # connection's task only waits for what needs it (``wake``): the end of the stream, a
-        # failure in the callback (``failure``, raised by the task) or a frame's deadline.
+        # Selected: frames are decoded in the read callback (_read_direct) and the connection's
+        # task only waits for what needs it (``wake``): the end of the stream, a failure in the
+        # callback (``failure``, raised by the task) or a frame's deadline.
         self.wake: asyncio.Future[None] | None = None
         self.failure: BaseException | None = None
 
