@@ -1162,17 +1162,7 @@ class PeerNet:
                     raise exc
                 if conn.closed:
                     raise _Drop("connection closed", logging.DEBUG)
-                timeout = None
-                if ch.mid_frame:
-                    if conn.frame_deadline is None:
-                        conn.frame_deadline = loop.time() + self._io_timeout
-                    timeout = conn.frame_deadline - loop.time()
-                    if timeout <= 0:
-                        raise TimeoutError(
-                            f"rest of the frame not received within {self._io_timeout:g} s"
-                        )
-                else:
-                    conn.frame_deadline = None
+                timeout = self._frame_time_left(conn)
                 if reader._exception is not None or reader._eof:
                     await self._end_of_stream(conn, timeout)
                 if timeout is None:
@@ -1326,18 +1316,24 @@ class PeerNet:
                 await self._read(conn, remaining, "selection by the edge leader")
             elif conn.shared:
                 await self._read_direct(conn)
-            elif conn.channel.mid_frame:
-                if conn.frame_deadline is None:
-                    conn.frame_deadline = loop.time() + self._io_timeout
-                remaining = conn.frame_deadline - loop.time()
-                if remaining <= 0:
-                    raise TimeoutError(
-                        f"rest of the frame not received within {self._io_timeout:g} s"
-                    )
-                await self._read(conn, remaining, "rest of the frame")
             else:
-                conn.frame_deadline = None
-                await self._read(conn, None, "frame")
+                left = self._frame_time_left(conn)
+                await self._read(conn, left, "frame" if left is None else "rest of the frame")
+
+    def _frame_time_left(self, conn: _Conn) -> float | None:
+        """While a frame is part-way in, the time left until its deadline (armed at its first
+        bytes: the rest is due within ``io_timeout``), or TimeoutError once it has passed; None
+        between frames, when nothing is due."""
+        if not conn.channel.mid_frame:
+            conn.frame_deadline = None
+            return None
+        now = asyncio.get_running_loop().time()
+        if conn.frame_deadline is None:
+            conn.frame_deadline = now + self._io_timeout
+        left = conn.frame_deadline - now
+        if left <= 0:
+            raise TimeoutError(f"rest of the frame not received within {self._io_timeout:g} s")
+        return left
 
     def _dispatch(self, conn: _Conn, ev: Event) -> None:
         peer = conn.peer
