@@ -30,7 +30,7 @@ from coordinator_free.net.transport import (
     PeerUnreachable,
     PeerUp,
 )
-from coordinator_free.net.wire import Message, encode_message
+from coordinator_free.net.wire import Message, decode_message, encode_message
 
 RUN = b"transport-test-run"
 N = 6
@@ -465,6 +465,37 @@ async def test_frames_arriving_in_any_pieces_decode_in_order(cluster, pattern):
         await rogue.close()
 
 
+async def test_a_send_waits_for_a_slow_reader_and_gives_up_on_a_stopped_one(cluster):
+    """The writer's pacing still works on a selected channel (whose reading a buffered protocol
+    took over): a send the socket cannot take at once waits until the peer reads, and a peer
+    that reads nothing is given up after send_timeout."""
+    a = cluster.add(0, [2], reconnect=False, send_timeout=1.5)
+    await cluster.start(a)
+    rogue = Rogue(2, 0, cluster.addresses[0])
+    try:
+        await rogue.connect()
+        big = np.random.default_rng(1).random(2 << 20)  # 16 MiB: more than the sockets hold
+        send = asyncio.ensure_future(a.send(2, Message("value", 0, 0, payload=big)))
+        done, _ = await asyncio.wait({send}, timeout=0.3)
+        assert not done  # waiting for the peer to read
+        got: list = []
+        while not got:
+            data = await asyncio.wait_for(rogue.reader.read(1 << 20), 5.0)
+            assert data
+            got.extend(rogue.ch.receive_data(data))
+        await asyncio.wait_for(send, 5.0)  # taken once the peer read
+        (ev,) = got
+        assert np.array_equal(decode_message(ev.payload).payload, big)
+        # Now nobody reads: the sends fill the sockets, then one waits and gives up.
+        with pytest.raises(PeerGone, match=r"did not drain within 1.5 s \(peer not reading\)"):
+            for step in range(1, 16):
+                await a.send(2, Message("value", 0, step, payload=big))
+        down = await next_of(a, PeerDown)
+        assert down.peer == 2 and "did not drain" in down.reason
+    finally:
+        await rogue.close()
+
+
 async def test_closing_a_peer_emits_peer_down(cluster):
     nets = await build(cluster, [(0, 1), (1, 2), (0, 2)])
     await nets[2].close()
@@ -555,6 +586,46 @@ def test_runs_under_uvloop():
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(scenario())
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        pytest.param(lambda c: test_a_frame_stalled_part_way_ends_at_its_deadline(c), id="stall"),
+        pytest.param(
+            lambda c: test_frames_arriving_in_any_pieces_decode_in_order(c, "all-at-once"),
+            id="pieces",
+        ),
+        pytest.param(
+            lambda c: test_a_send_waits_for_a_slow_reader_and_gives_up_on_a_stopped_one(c),
+            id="pacing",
+        ),
+        pytest.param(
+            lambda c: test_bad_frame_from_established_peer(c, "tamper", "failed authentication"),
+            id="tamper",
+        ),
+        pytest.param(
+            lambda c: test_bad_frame_from_established_peer(
+                c, "truncate", "closed in the middle of frame"
+            ),
+            id="truncate",
+        ),
+    ],
+)
+def test_selected_channels_read_alike_under_uvloop(scenario):
+    """The peers' loop switches a selected channel's reading to a buffered protocol its own
+    way (uvloop restarts reading in its buffered mode): the same scenarios hold there."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def run() -> None:
+        c = Cluster()
+        try:
+            await scenario(c)
+        finally:
+            await c.close()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(run())
 
 
 # --------------------------------------------------------------------------- liveness frames
