@@ -431,6 +431,35 @@ async def test_a_frame_stalled_part_way_ends_at_its_deadline(cluster):
         await rogue.close()
 
 
+async def test_each_frame_gets_its_own_deadline(cluster):
+    """Frames streamed so that every read ends part-way into the next frame (each write
+    carries the end of one and the start of the next): each frame completes well within
+    io_timeout, and the channel stays up for longer than io_timeout in all."""
+    a = cluster.add(0, [2], reconnect=False, io_timeout=0.4)
+    await cluster.start(a)
+    rogue = Rogue(2, 0, cluster.addresses[0])
+    try:
+        await rogue.connect()
+        frames = [
+            rogue.frame(Message("value", 0, t, payload=np.full(200, float(t)))) for t in range(24)
+        ]
+        stream, f = b"".join(frames), len(frames[0])
+        cuts = [0, *range(f // 2, len(stream), f), len(stream)]
+        got = []
+        t0 = time.monotonic()
+        for lo, hi in zip(cuts, cuts[1:], strict=False):
+            rogue.writer.write(stream[lo:hi])
+            await rogue.writer.drain()
+            while (ev := await a.next_event(0.05)) is not None:  # 50 ms between writes
+                assert isinstance(ev, Inbound), ev
+                got.append(ev.message.step)
+        assert got == list(range(24))
+        assert time.monotonic() - t0 > 0.8  # twice io_timeout, a frame always part-way in
+        assert a.connected == {2}
+    finally:
+        await rogue.close()
+
+
 @pytest.mark.parametrize("pattern", ["bytewise", "all-at-once"])
 async def test_frames_arriving_in_any_pieces_decode_in_order(cluster, pattern):
     """Frames split anywhere (one byte at a time) or many in one write, a 2 MiB one among them
@@ -592,6 +621,7 @@ def test_runs_under_uvloop():
     "scenario",
     [
         pytest.param(lambda c: test_a_frame_stalled_part_way_ends_at_its_deadline(c), id="stall"),
+        pytest.param(lambda c: test_each_frame_gets_its_own_deadline(c), id="deadlines"),
         pytest.param(
             lambda c: test_frames_arriving_in_any_pieces_decode_in_order(c, "all-at-once"),
             id="pieces",

@@ -133,10 +133,13 @@ MAX_NODE_ID = (1 << 32) - 1
 MAX_SEQ = (1 << 64) - 1
 DEFAULT_MAX_FRAME = 64 << 20
 #: A channel's own receive buffer (:meth:`SecureChannel.own_buffer`): its first size, and the
-#: least room it offers a read. It grows, at most doubling, to the largest frame received (at
-#: most ``max_frame`` and a header, checked at the header) and stays that size.
+#: least room it offers a read. It grows with the bytes that arrive (to at most twice those
+#: held) up to the frame in progress (at most ``max_frame`` and a header, checked there).
 RECV_INITIAL = 8 << 10
 RECV_ROOM = 4 << 10
+#: An emptied receive buffer larger than this is given back (a stream of frames up to this
+#: size keeps its buffer from one to the next).
+RECV_KEEP = 4 << 20
 
 _IDS = struct.Struct(">II")
 _HEADER = struct.Struct(">IBQ")
@@ -558,9 +561,12 @@ class SecureChannel:
     def receive_space(self) -> memoryview:
         """Writable room after the bytes held (:meth:`own_buffer`): the rest of the frame in
         progress, else :data:`RECV_ROOM`, where the buffer holds that much. Held bytes move to
-        the front when that makes the room; otherwise the buffer grows, at most doubling each
-        time, so that it never grows far beyond what arrived (a frame's header alone cannot
-        make it large): the room is then at least :data:`RECV_ROOM`."""
+        the front when that makes the room; otherwise the room is what is left, at least
+        :data:`RECV_ROOM`: the buffer grows (at least doubling, up to the frame in progress)
+        only once reads have nearly filled it, so it grows with what arrives (to at most
+        about twice the bytes held), never with what a header announces or with how often
+        room is asked for. An empty buffer larger than :data:`RECV_KEEP` is given back
+        (:meth:`receive_into`)."""
         if not self._own:
             raise ValueError("receive_space needs own_buffer first")
         buf, off, end = self._buf, self._off, self._end
@@ -569,14 +575,19 @@ class SecureChannel:
             want = max(want, HEADER_SIZE + self._pending_len - (end - off))
         if len(buf) - end < want:
             held = end - off
-            if len(buf) - held >= want:  # enough once the held bytes are moved to the front
+            if len(buf) - held >= want or (off and len(buf) - held >= RECV_ROOM > len(buf) - end):
+                # Moved to the front, the held bytes leave the room (at most once per frame:
+                # only a consumed frame leaves bytes behind the front).
                 with memoryview(buf) as view:
                     view[:held] = view[off:end]
-            else:
+            elif len(buf) - end < RECV_ROOM:
+                # Nearly full: at least double, up to the rest of the frame in progress.
                 grown = bytearray(min(held + want, max(2 * len(buf), held + RECV_ROOM)))
                 with memoryview(buf) as view:
                     grown[:held] = view[off:end]
                 self._buf = buf = grown
+            else:  # room for a read: the buffer grows once the reads have filled it
+                return memoryview(buf)[end:]
             self._off = 0
             self._end = end = held
         return memoryview(buf)[end:]
@@ -586,6 +597,8 @@ class SecureChannel:
         events they complete, in order. Raises as :meth:`receive_data` does."""
         if self._state is _State.CLOSED:
             raise ChannelClosed(f"channel is closed ({self._close_reason})")
+        if not self._own:
+            raise ValueError("receive_into needs own_buffer first")
         if not 0 <= n <= len(self._buf) - self._end:
             raise ValueError(f"{n} bytes do not fit the room given ({len(self._buf) - self._end})")
         self._end += n
@@ -606,6 +619,8 @@ class SecureChannel:
             if self._own:
                 if self._off == self._end:  # all consumed: the next read starts at the front
                     self._off = self._end = 0
+                    if len(self._buf) > RECV_KEEP:  # a large frame's room is given back
+                        self._buf = bytearray(RECV_INITIAL)
             elif self._off:
                 del self._buf[: self._off]  # one cut for all the frames this call consumed
                 self._off = 0

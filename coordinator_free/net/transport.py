@@ -258,6 +258,7 @@ class _Conn:
         "seen",
         "wake",
         "failure",
+        "deadline_seq",
     )
 
     def __init__(
@@ -307,6 +308,7 @@ class _Conn:
         # callback (``failure``, raised by the task) or a frame's deadline.
         self.wake: asyncio.Future[None] | None = None
         self.failure: BaseException | None = None
+        self.deadline_seq = -1  # the frame (its sequence number) frame_deadline is for
 
     @property
     def label(self) -> str:
@@ -1125,12 +1127,10 @@ class PeerNet:
                 conn.failure = exc
                 wake()
                 return
-            if ch.mid_frame:
-                if conn.frame_deadline is None:
-                    conn.frame_deadline = loop.time() + self._io_timeout
-                    wake()  # to arm the frame's deadline
-            else:
+            if not ch.mid_frame:
                 conn.frame_deadline = None
+            elif self._arm_frame_deadline(conn):
+                wake()  # to arm its timer
 
         def on_eof() -> None:
             feed_eof()
@@ -1320,6 +1320,17 @@ class PeerNet:
                 left = self._frame_time_left(conn)
                 await self._read(conn, left, "frame" if left is None else "rest of the frame")
 
+    def _arm_frame_deadline(self, conn: _Conn) -> bool:
+        """Give the frame part-way in its deadline, ``io_timeout`` from now, unless it has one:
+        a frame that began after the last one armed (in the same read as that one's end) gets
+        its own. True if no deadline was armed before (the task has no timer yet)."""
+        fresh = conn.frame_deadline is None
+        seq = conn.channel.frames_received
+        if fresh or conn.deadline_seq != seq:
+            conn.frame_deadline = asyncio.get_running_loop().time() + self._io_timeout
+            conn.deadline_seq = seq
+        return fresh
+
     def _frame_time_left(self, conn: _Conn) -> float | None:
         """While a frame is part-way in, the time left until its deadline (armed at its first
         bytes: the rest is due within ``io_timeout``), or TimeoutError once it has passed; None
@@ -1327,10 +1338,9 @@ class PeerNet:
         if not conn.channel.mid_frame:
             conn.frame_deadline = None
             return None
-        now = asyncio.get_running_loop().time()
-        if conn.frame_deadline is None:
-            conn.frame_deadline = now + self._io_timeout
-        left = conn.frame_deadline - now
+        self._arm_frame_deadline(conn)
+        assert conn.frame_deadline is not None
+        left = conn.frame_deadline - asyncio.get_running_loop().time()
         if left <= 0:
             raise TimeoutError(f"rest of the frame not received within {self._io_timeout:g} s")
         return left
@@ -1446,6 +1456,8 @@ class PeerNet:
             log.log(level, "node %d: closed %s: %s", self._node_id, conn.label, reason)
         if not conn.settled.done():
             conn.settled.set_result(reason)
+        if conn.wake is not None and not conn.wake.done():
+            conn.wake.set_result(None)  # a directly read channel's task ends at once
 
     # ----------------------------------------------------------------- writing
 
