@@ -40,7 +40,6 @@ import numpy as np
 from coordinator_free import graphs, seeds
 from coordinator_free.errors import ConfigError
 from coordinator_free.families.averaging import protocol as mf
-from coordinator_free.viewlog import value_digest
 
 if TYPE_CHECKING:
     from coordinator_free.config import Config
@@ -376,10 +375,6 @@ def estimate(plan: WalkPlan, tau: np.ndarray) -> np.ndarray:
     L, g = plan.levels, plan.gamma
     N = float(tau.sum()) - plan.init_items
     return (tau - plan.init_items / L - g * N / L) / (1.0 - g)
-
-
-#: The digest every view-log record of a value carries (one definition, in viewlog).
-digest = value_digest
 
 
 @dataclass
