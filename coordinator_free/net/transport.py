@@ -1046,44 +1046,33 @@ class PeerNet:
                     raise asyncio.IncompleteReadError(b"", n)  # woken by the end of stream
         except TimeoutError:
             raise TimeoutError(f"{what} not received within {timeout:g} s") from None
-        except (asyncio.IncompleteReadError, ConnectionError) as exc:
-            if self._blocked(conn):
-                await self._quiet_while_blocked(conn, timeout, what)
-            if isinstance(exc, ConnectionError):
-                raise
-            ch.receive_eof()  # raises if the close cut a frame short (its bytes are in buf)
-            raise _Drop("connection closed by peer", logging.INFO) from None
+        except (asyncio.IncompleteReadError, ConnectionError):
+            await self._end_of_stream(conn, timeout, what)
         if conn.closed:
             raise _Drop("connection closed", logging.DEBUG)
         self._consume(conn)
 
     def _consume(self, conn: _Conn) -> None:
-        """Take what arrived in a shared buffer beyond what was seen: count it, decode the
-        frames it completes, dispatch their events."""
-        ch, reader = conn.channel, conn.reader
-        buf = reader._buffer
-        self._count_rx(conn, len(buf) - conn.seen)
-        if not self._blocked(conn):
-            conn.last_rx = time.monotonic()
-        try:
-            events = ch.receive_buffered()
-        except ChannelError as exc:
-            for ev in exc.events:
-                self._dispatch(conn, ev)
-            raise
-        conn.seen = len(buf)
-        reader._maybe_resume_transport()
-        for ev in events:
-            self._dispatch(conn, ev)
+        """Take what arrived in a shared buffer beyond what was seen (:meth:`_take`)."""
+        reader = conn.reader
 
-    def _received(self, conn: _Conn, n: int) -> None:
-        """Take ``n`` bytes read into the channel's own buffer: count them, decode the frames
-        they complete, dispatch their events."""
+        def receive() -> list[Event]:
+            events = conn.channel.receive_buffered()
+            conn.seen = len(reader._buffer)
+            reader._maybe_resume_transport()
+            return events
+
+        self._take(conn, len(reader._buffer) - conn.seen, receive)
+
+    def _take(self, conn: _Conn, n: int, receive, *args) -> None:
+        """Take ``n`` bytes that arrived: count them (as life, unless the link is cut), decode
+        the frames they complete (``receive(*args)``, the channel's), dispatch their events,
+        those of a frame that failed included."""
         self._count_rx(conn, n)
         if not self._blocked(conn):
             conn.last_rx = time.monotonic()
         try:
-            events = conn.channel.receive_into(n)
+            events = receive(*args)
         except ChannelError as exc:
             for ev in exc.events:
                 self._dispatch(conn, ev)
@@ -1122,7 +1111,7 @@ class PeerNet:
             if conn.closed or conn.failure is not None or ch.closed:
                 return
             try:
-                self._received(conn, n)
+                self._take(conn, n, ch.receive_into, n)
             except BaseException as exc:  # raised by the task, as a read's failure
                 conn.failure = exc
                 wake()
@@ -1164,7 +1153,8 @@ class PeerNet:
                     raise _Drop("connection closed", logging.DEBUG)
                 timeout = self._frame_time_left(conn)
                 if reader._exception is not None or reader._eof:
-                    await self._end_of_stream(conn, timeout)
+                    what = "frame" if timeout is None else "rest of the frame"
+                    await self._end_of_stream(conn, timeout, what)
                 if timeout is None:
                     await conn.wake
                 else:
@@ -1177,19 +1167,18 @@ class PeerNet:
             conn.wake = None
             del reader.feed_eof, reader.set_exception
 
-    async def _end_of_stream(self, conn: _Conn, timeout: float | None) -> None:
-        """The stream of a directly read channel ended (closed or failed): raise what a read
-        raises then (a cut frame, the connection error, or the end), after staying quiet while
-        the link is blocked by fault injection."""
+    async def _end_of_stream(self, conn: _Conn, timeout: float | None, what: str) -> None:
+        """The stream of a channel that reads from the stream's buffer or its own ended (closed
+        or failed): raise what a read raises then (a cut frame, the connection error, or the
+        end), after staying quiet while the link is blocked by fault injection (a pulled cable
+        carries no close either), at most ``timeout``."""
         reader = conn.reader
         if self._blocked(conn):
-            await self._quiet_while_blocked(
-                conn, timeout, "rest of the frame" if timeout else "frame"
-            )
+            await self._quiet_while_blocked(conn, timeout, what)
         if reader._exception is not None:
             raise reader._exception
         conn.channel.receive_eof()  # raises if the close cut a frame short (its bytes are in buf)
-        raise _Drop("connection closed by peer", logging.INFO)
+        raise _Drop("connection closed by peer", logging.INFO) from None
 
     async def _read(self, conn: _Conn, timeout: float | None, what: str) -> None:
         """Read what the channel needs next and feed it; dispatch resulting events.
