@@ -123,3 +123,23 @@ def test_a_non_finite_token_is_not_acknowledged_and_the_sender_reroutes(name, en
         finals += list(res["walks"]["finals"].values())
     assert how == ends
     assert finals and np.isfinite(np.array(finals, dtype=float)).all()
+
+
+@pytest.mark.parametrize("size", [1, 2, 7, 8, 31, 32, 33, 64, 1000])
+def test_all_finite_finds_every_non_finite_entry_at_any_size(size):
+    """The engine's finiteness check (Python floats up to 32 entries, numpy beyond) finds NaN
+    and both infinities wherever they sit, and accepts the largest finite doubles (a check by
+    sums or squares would overflow on them)."""
+    from coordinator_free.engine.step import all_finite
+
+    rng = np.random.default_rng(size)
+    value = rng.normal(size=size) * 1e300
+    assert all_finite(value)
+    assert all_finite(np.full(size, np.finfo(np.float64).max))
+    assert all_finite(np.full(size, -np.finfo(np.float64).max))
+    for bad in (np.nan, np.inf, -np.inf):
+        for i in sorted({0, size // 2, size - 1}):
+            poisoned = value.copy()
+            poisoned[i] = bad
+            assert not all_finite(poisoned), (bad, i)
+            assert not all_finite(poisoned.reshape(1, -1)), (bad, i)
