@@ -322,7 +322,10 @@ class StepEngine:
         for w in partners:
             if w not in self.down and w not in self.finished_peers:
                 self._send_value(w, t, req.value, sha, msg)
-        self._got = {w: self.buffered.pop((t, w)) for w in partners if (t, w) in self.buffered}
+        buffered = self.buffered
+        self._got = (
+            {w: buffered.pop((t, w)) for w in partners if (t, w) in buffered} if buffered else {}
+        )
         self._partners, self._partners_step = partners, t
         self._phase, self._until = "exchange", now + self.deadline
 

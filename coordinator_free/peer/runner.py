@@ -405,16 +405,21 @@ async def _perform(actions, net, vlog, progress, deadline, failed) -> Finish | N
     bounded by the deadline; two to the same peer keep their order); a failed one is queued
     as a PeerDown for the engine. The caller holds the view log's records; they are flushed
     before the sends and before a wait for a socket."""
-    i = 0
-    while i < len(actions):
+    i, n = 0, len(actions)
+    while i < n:
         a = actions[i]
-        if isinstance(a, Send):
+        kind = type(a)
+        if kind is Log:  # the most common action: a record
+            vlog.write_record(a.kind, a.fields)
+            i += 1
+            continue
+        if kind is Send:
             # What the node received reaches the operating system before anything it sends
             # after it (a large frame goes to the socket at once).
             vlog.flush()
             vlog.hold()
             batch, peers = [], set()
-            while i < len(actions) and isinstance(actions[i], Send):
+            while i < n and type(actions[i]) is Send:
                 if actions[i].peer in peers:
                     break
                 peers.add(actions[i].peer)
@@ -443,22 +448,23 @@ async def _perform(actions, net, vlog, progress, deadline, failed) -> Finish | N
                 for (k, _), res in zip(waits, done, strict=True):
                     outcomes[k] = res
             for s, res in zip(batch, outcomes, strict=True):
-                if isinstance(res, (ConnectionError, OSError)):  # PeerGone, PeerUnreachable
+                if res is None:  # sent
+                    if s.on_sent is not None:
+                        vlog.write_record(s.on_sent.kind, s.on_sent.fields)
+                elif isinstance(res, (ConnectionError, OSError)):  # PeerGone, PeerUnreachable
                     failed.append(PeerDown(s.peer, f"send failed: {type(res).__name__}: {res}"))
                 elif isinstance(res, BaseException):
                     raise res
                 elif s.on_sent is not None:
                     vlog.write_record(s.on_sent.kind, s.on_sent.fields)
             continue
-        if isinstance(a, Log):
-            vlog.write_record(a.kind, a.fields)
-        elif isinstance(a, ProgressAction):
+        if kind is ProgressAction:
             progress.emit(**a.fields)
             if a.abort is not None and progress.reader_gone:
                 what, when = a.abort
                 vlog.write("aborted", step=a.fields["step"], reason="the launcher went away")
                 raise PeerFailure(f"the launcher went away ({what} {when}); stopping")
-        elif isinstance(a, Finish):
+        elif kind is Finish:
             return a
         i += 1
     return None
