@@ -693,15 +693,17 @@ def test_the_record_checksum_is_zlibs_crc32_computed_faster():
         assert viewlog.crc32(arr, 12345) == zlib.crc32(arr, 12345)
 
 
-def test_value_digests_name_the_bytes_of_a_vector_in_either_form():
+@pytest.mark.parametrize("size", [40, 512, 513, 2000])
+def test_value_digests_name_the_bytes_of_a_vector_in_either_form(size):
     """A value's digest is BLAKE3 over its bytes, prefixed; logs written before carry the first
     128 bits of SHA-256; a digest recomputed to check a logged one takes the logged one's form,
-    whatever the array's memory layout."""
+    whatever the array's memory layout and on both sides of the size up to which the bytes are
+    hashed from a copy (4 KiB: 512 floats)."""
     import hashlib
 
     from blake3 import blake3
 
-    v = np.random.default_rng(3).random(40)
+    v = np.random.default_rng(3).random(size)
     raw = v.tobytes()
     new = viewlog.value_digest(v)
     assert new == "blake3:" + blake3(raw).hexdigest()[:32]

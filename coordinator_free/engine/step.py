@@ -67,7 +67,8 @@ def own_copy(payload: np.ndarray) -> np.ndarray:
     plaintext (a read-only view on bytes nothing else holds): it is kept as it is, without a
     copy; anything else is copied (numpy would otherwise copy an unaligned array piecewise in
     every operation on it)."""
-    if payload.dtype == np.float64 and payload.flags.aligned and not payload.flags.writeable:
+    flags = payload.flags
+    if payload.dtype == np.float64 and flags.aligned and not flags.writeable:
         base = payload.base
         while isinstance(base, np.ndarray):
             base = base.base
