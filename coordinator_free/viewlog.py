@@ -867,19 +867,10 @@ class ViewLogWriter:
         pieces = [data] if isinstance(data, bytes) else data
         total = sum(map(len, pieces))
         try:
-            i = 0
-            while i < len(pieces):
-                written = os.writev(self._fd, pieces[i : i + _IOV_MAX])
-                while written:  # skip what was written; a partial piece keeps its rest
-                    n = len(pieces[i])
-                    if written >= n:
-                        written -= n
-                        i += 1
-                    else:
-                        pieces[i] = memoryview(pieces[i])[written:]
-                        written = 0
-                while i < len(pieces) and not len(pieces[i]):
-                    i += 1
+            # One vectored write takes it all in the common case; the rest is written on.
+            written = os.writev(self._fd, pieces if len(pieces) <= _IOV_MAX else pieces[:_IOV_MAX])
+            if written != total:
+                self._write_rest(pieces, written)
         except BaseException as exc:
             try:
                 os.ftruncate(self._fd, start)
@@ -892,6 +883,25 @@ class ViewLogWriter:
         self._size = start + total
         if self._size - self._advised >= DROP_BEHIND + _DROP_STEP:
             self._drop_behind()
+
+    def _write_rest(self, pieces: list, written: int) -> None:
+        """Write ``pieces`` on after a vectored write that took only its first ``written``
+        bytes (a partial piece keeps its rest), at most :data:`_IOV_MAX` pieces a write."""
+        i = 0
+        while True:
+            while written:  # skip what was written
+                n = len(pieces[i])
+                if written >= n:
+                    written -= n
+                    i += 1
+                else:
+                    pieces[i] = memoryview(pieces[i])[written:]
+                    written = 0
+            while i < len(pieces) and not len(pieces[i]):
+                i += 1
+            if i >= len(pieces):
+                return
+            written = os.writev(self._fd, pieces[i : i + _IOV_MAX])
 
     def _drop_behind(self) -> None:
         """Advise the kernel that the pages more than :data:`DROP_BEHIND` behind the end will

@@ -244,6 +244,44 @@ def test_held_records_go_out_together_at_flush_in_order(tmp_path):
     assert np.array_equal(log.records[2]["value"], np.full(3, 1.0))
 
 
+@pytest.mark.parametrize("most", [1, 7, 100, 5000])
+def test_short_vectored_writes_are_written_on_without_losing_or_repeating_a_byte(
+    tmp_path, monkeypatch, most
+):
+    """A vectored write may take fewer bytes than it was given (the operating system's
+    choice), and one write takes at most _IOV_MAX pieces: the writer writes on from the byte
+    where the last write stopped, so held records of many pieces (values logged from their own
+    memory among them) reach the file whole and once each."""
+    real = os.writev
+    calls = []
+
+    def short(fd, pieces):
+        pieces = list(pieces)
+        assert len(pieces) <= 3  # never more than _IOV_MAX pieces a write
+        calls.append(len(pieces))
+        return real(fd, [b"".join(bytes(p) for p in pieces)[:most]])
+
+    monkeypatch.setattr(viewlog, "_IOV_MAX", 3)
+    path = tmp_path / "short.vlog"
+    with ViewLogWriter(path, run_id="r", node=0, params={}) as w:
+        monkeypatch.setattr(viewlog.os, "writev", short)
+        w.hold()
+        values = [np.full(n, float(n)) for n in (8, 600, 1, 4096)]
+        for i, v in enumerate(values):
+            w.write_record(
+                "recv", {"step": i, "peer": 1, "digest": "d", "nbytes": v.nbytes, "value": v}
+            )
+            w.write("note", i=i)
+        w.flush()
+        monkeypatch.setattr(viewlog.os, "writev", real)
+    assert len(calls) > 2
+    log = read_viewlog(path)
+    assert log.intact, log.problems
+    assert [r["k"] for r in log.records] == ["recv", "note"] * len(values)
+    got = [r["value"] for r in log.records if r["k"] == "recv"]
+    assert all(np.array_equal(a, b) for a, b in zip(got, values, strict=True))
+
+
 def test_a_fast_growing_log_advises_its_old_pages_out_and_keeps_every_byte(tmp_path, monkeypatch):
     """Pages more than DROP_BEHIND behind the end are advised out of the page cache, each range
     up to three times (write-back first, then the drop) and never the last DROP_BEHIND bytes;
