@@ -539,6 +539,8 @@ _KEYS = {k: pack(k) for k in ("k", "seq", "t_mono", "t_wall", *_VALUE_FIELDS_WIT
 _TIMES = struct.Struct(f">{len(_KEYS['t_mono']) + 1}sd{len(_KEYS['t_wall']) + 1}sd")
 _T_MONO, _T_WALL = _KEYS["t_mono"] + b"\xcb", _KEYS["t_wall"] + b"\xcb"
 _SMALL_UINTS = [bytes((i,)) for i in range(0x80)]
+#: msgpack's uint 16: the ``seq`` of most records (256 .. 65535).
+_SEQ16 = struct.Struct(">BH")
 _KINDS: dict[str, bytes] = {}
 #: ``value: <array extension header>`` of a float64 vector, by its length.
 _F8_HEADS: dict[int, bytes] = {}
@@ -587,7 +589,7 @@ def _value_parts(kind: str, seq: int, t_mono: float, t_wall: float, fields: dict
     # Small steps and peers (the common case) without a call.
     step = _SMALL_UINTS[step] if type(step) is int and 0 <= step < 0x80 else _uint(step)
     peer = _SMALL_UINTS[peer] if type(peer) is int and 0 <= peer < 0x80 else _uint(peer)
-    nbytes = _uint(nbytes)
+    nbytes = _SMALL_UINTS[nbytes] if type(nbytes) is int and 0 <= nbytes < 0x80 else _uint(nbytes)
     kind_b = _KINDS.get(kind)
     if kind_b is None:
         kind_b = pack(kind)
@@ -609,7 +611,7 @@ def _value_parts(kind: str, seq: int, t_mono: float, t_wall: float, fields: dict
             _KEYS["k"],
             kind_b,
             _KEYS["seq"],
-            _uint(seq),
+            _SEQ16.pack(0xCD, seq) if 0x100 <= seq < 0x10000 else _uint(seq),
             _TIMES.pack(_T_MONO, t_mono, _T_WALL, t_wall),
             _KEYS["step"],
             step,
