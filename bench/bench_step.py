@@ -16,6 +16,14 @@ event loop) is left out: ``bench_vs_zmq.py --skeleton`` measures a ring on the t
 Prints the thread CPU time per step (the best of ``--repeat`` runs, 5) for 8 floats (4 000
 steps) and 1 MiB vectors (100 steps), with every received value logged (the default) and with
 digests only. Asserts nothing about timing. Run: ``python bench/bench_step.py [--json]``.
+
+``--instructions`` counts machine instructions per step instead (valgrind's callgrind, which
+must be installed): each case runs twice in a fresh interpreter under callgrind, with
+``--steps-scale`` times 400 and 1 400 steps (8 floats; 1 MiB: 10 and 35), and the difference,
+divided by the steps between, is what one step costs with start-up and set-up cancelled out.
+The count is the same from one run to the next whatever else the machine is doing, where CPU
+times on a shared machine swing by a third: it compares two versions of the code, not the
+machine's speed. About 2 minutes a case (callgrind runs Python some 50 times slower).
 """
 
 from __future__ import annotations
@@ -122,7 +130,53 @@ def step_cpu(dim: int, steps: int, log_values: bool, work: Path) -> float:
     return spent / steps
 
 
+#: Steps of the two runs of a case under callgrind (``--instructions``), by vector length.
+INSTRUCTION_STEPS = {8: (400, 1400), 131072: (10, 35)}
+
+
+def _one_run(dim: int, steps: int, log_values: bool) -> None:
+    """One run of a case, no output: what ``--instructions`` counts under callgrind."""
+    with tempfile.TemporaryDirectory(prefix="cfree-bench-step-") as tmp:
+        step_cpu(dim, steps, log_values, Path(tmp))
+
+
+def instructions_per_step(dim: int, log_values: bool, scale: float) -> dict:
+    """Machine instructions per step of a case: two runs under callgrind, their difference."""
+    import shutil
+    import subprocess
+
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind (Debian: apt-get install valgrind)")
+    counts = []
+    lo, hi = (max(2, int(n * scale)) for n in INSTRUCTION_STEPS[dim])
+    if hi <= lo:
+        raise SystemExit("--steps-scale leaves no steps between the two runs")
+    with tempfile.TemporaryDirectory(prefix="cfree-bench-step-cg-") as tmp:
+        for steps in (lo, hi):
+            out = Path(tmp) / f"callgrind-{steps}.out"
+            cmd = [
+                "valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+                sys.executable, __file__, "--one-run", f"{dim}:{steps}:{int(log_values)}",
+            ]  # fmt: skip
+            run = subprocess.run(cmd, capture_output=True, text=True)
+            if run.returncode != 0:
+                raise SystemExit(f"callgrind run failed ({run.returncode}): {run.stderr[-2000:]}")
+            summary = [ln for ln in out.read_text().splitlines() if ln.startswith("summary:")]
+            if not summary:
+                raise SystemExit(f"no instruction count in {out}")
+            counts.append(int(summary[0].split()[1]))
+    return {
+        "steps": [lo, hi],
+        "instructions": counts,
+        "per_step": (counts[1] - counts[0]) / (hi - lo),
+    }
+
+
 def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--one-run":  # a run under callgrind
+        dim, steps, log_values = (int(x) for x in sys.argv[2].split(":"))
+        _one_run(dim, steps, bool(log_values))
+        return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeat", type=int, default=5, help="runs of each case; the best counts")
     p.add_argument("--steps-scale", type=float, default=1.0, help="scale every case's steps")
@@ -133,6 +187,12 @@ def main() -> int:
         "--digests-only", action="store_true", help="run only with digests (log.values = false)"
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count machine instructions per step under valgrind's callgrind instead of CPU "
+        "time (the same count whatever the load; about 2 minutes a case)",
+    )
     args = p.parse_args()
     if args.repeat < 1 or args.steps_scale <= 0:
         p.error("--repeat must be at least 1 and --steps-scale positive")
@@ -144,6 +204,17 @@ def main() -> int:
                 continue
             steps = max(4, int(steps * args.steps_scale))
             for log_values in (False,) if args.digests_only else (True, False):
+                what = "values logged" if log_values else "digests only"
+                if args.instructions:
+                    got = instructions_per_step(dim, log_values, args.steps_scale)
+                    rows.append({"case": label, "dim": dim, "log_values": log_values, **got})
+                    if not args.json:
+                        print(
+                            f"{label:<24} {what:<14} {got['per_step']:11,.0f} instructions per "
+                            f"step ({got['steps'][1] - got['steps'][0]} steps between two runs)",
+                            flush=True,
+                        )
+                    continue
                 runs = [step_cpu(dim, steps, log_values, Path(tmp)) for _ in range(args.repeat)]
                 rows.append(
                     {
@@ -156,7 +227,6 @@ def main() -> int:
                     }
                 )
                 if not args.json:
-                    what = "values logged" if log_values else "digests only"
                     print(
                         f"{label:<24} {what:<14} {min(runs) * 1e6:9.1f} us per step "
                         f"(best of {len(runs)}; worst {max(runs) * 1e6:.1f})",
