@@ -21,9 +21,10 @@ digests only. Asserts nothing about timing. Run: ``python bench/bench_step.py [-
 must be installed): each case runs twice in a fresh interpreter under callgrind, with
 ``--steps-scale`` times 400 and 1 400 steps (8 floats; 1 MiB: 10 and 35), and the difference,
 divided by the steps between, is what one step costs with start-up and set-up cancelled out.
-The count is the same from one run to the next whatever else the machine is doing, where CPU
-times on a shared machine swing by a third: it compares two versions of the code, not the
-machine's speed. About 2 minutes a case (callgrind runs Python some 50 times slower).
+With a fixed hash seed (set for those runs) the count barely moves from one run to the next,
+whatever else the machine is doing, where CPU times on a shared machine swing by a third: it
+compares two versions of the code, not the machine's speed. About 2 minutes a case (callgrind
+runs Python some 50 times slower).
 """
 
 from __future__ import annotations
@@ -158,7 +159,10 @@ def instructions_per_step(dim: int, log_values: bool, scale: float) -> dict:
                 "valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
                 sys.executable, __file__, "--one-run", f"{dim}:{steps}:{int(log_values)}",
             ]  # fmt: skip
-            run = subprocess.run(cmd, capture_output=True, text=True)
+            # A fixed hash seed: string hashes, and so the dicts' and sets' probing, are the
+            # same in every run.
+            env = {**os.environ, "PYTHONHASHSEED": "0"}
+            run = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if run.returncode != 0:
                 raise SystemExit(f"callgrind run failed ({run.returncode}): {run.stderr[-2000:]}")
             summary = [ln for ln in out.read_text().splitlines() if ln.startswith("summary:")]
