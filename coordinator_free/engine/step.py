@@ -79,7 +79,7 @@ def own_copy(payload: np.ndarray) -> np.ndarray:
 
 def all_finite(value: np.ndarray) -> bool:
     """Whether every entry of a received value is finite. A small value is checked as Python
-    floats, which spares numpy's boolean array and its reduction (8 floats: 0.5 against 2.1
+    floats, which spares numpy's boolean array and its reduction (8 floats: 0.7 against 2.0
     us); a larger one entry by entry in numpy."""
     if value.size <= _FINITE_AS_FLOATS:
         return all(map(math.isfinite, value.ravel().tolist()))
