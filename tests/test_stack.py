@@ -293,10 +293,13 @@ class Stack:
             # `stack rm` returns before the tasks and the network are gone
             if not _docker("service", "ls", "-q", "--filter", label).split():
                 try:
-                    _docker("container", "prune", "--force", "--filter", label, timeout=60)
+                    # Unchecked: a busy daemon goes on pruning after its client is gone, and
+                    # refuses a second prune meanwhile; the loop asks again until nothing is
+                    # left (or the deadline, which fails the test).
+                    _docker(
+                        "container", "prune", "--force", "--filter", label, timeout=60, check=False
+                    )
                 except subprocess.TimeoutExpired:
-                    # A busy daemon goes on pruning after its client is gone: ask again
-                    # until nothing is left (or the deadline, which fails the test).
                     pass
             time.sleep(1)
         assert left == [], left

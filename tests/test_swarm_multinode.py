@@ -162,12 +162,14 @@ class Deployed:
             for node in range(WORKERS + 1):
                 if not docker("service", "ls", "-q", "--filter", label).split():
                     try:
+                        # Unchecked: a busy daemon goes on pruning without its client and
+                        # refuses a second prune meanwhile; the loop asks again.
                         docker(
                             "container", "prune", "--force", "--filter", label,
-                            node=node, timeout=60,
+                            node=node, timeout=60, check=False,
                         )  # fmt: skip
                     except subprocess.TimeoutExpired:
-                        pass  # a busy daemon goes on pruning without its client: ask again
+                        pass
                 left += docker("ps", "-aq", "--filter", label, node=node).split()
             if not left:
                 return
