@@ -65,7 +65,7 @@ from coordinator_free.engine.events import (
     PeerDown,
     PeerUp,
 )
-from coordinator_free.engine.step import DOWN_GRACE_DEADLINES
+from coordinator_free.engine.step import DOWN_GRACE_DEADLINES, all_finite
 from coordinator_free.net.wire import Message
 from coordinator_free.viewlog import value_digest
 
@@ -435,7 +435,7 @@ class TokenEngine:
             self.out.log("bad-message", peer=peer, kind="token", token=token, at=step)
             return None
         value = np.array(m.payload, dtype=np.float64)
-        if not np.isfinite(value).all():
+        if not all_finite(value):
             # Never used, never acknowledged: refused, so the sender re-routes it.
             self.out.log(
                 "bad-message",
