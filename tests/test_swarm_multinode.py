@@ -120,10 +120,6 @@ def multiswarm(peer_image):
         out = _run("bash", str(SCRIPT), "down", "--name", NAME, timeout=600, check=False)
         print(out, f"swarm down in {time.monotonic() - t1:.1f} s")
         after = _traces()
-        # Nothing left behind: a container that was there before and is gone now (an earlier
-        # test's, which the daemon finished removing meanwhile) is not a trace of this one.
-        assert set(after["containers"]) <= set(before["containers"]), (before, after)
-        after["containers"] = before["containers"]
         assert after == before, (before, after)
 
 
