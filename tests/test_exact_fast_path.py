@@ -179,3 +179,91 @@ def test_forked_children_give_the_reference_numbers():
     ref = reference(w, 8, True, observers=obs)
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-9)
     assert sum(r is not None for r in fast_rows(w, 8, obs)) > len(obs) // 2
+
+
+def _near_orthonormal(rng, n: int, r: int, drift: float, positive: bool = False) -> np.ndarray:
+    """An n x r basis whose Gram matrix is I + (a rank-one bump of size ``drift``); with
+    ``positive`` its entries share one sign (roundoff then adds up instead of cancelling)."""
+    if positive:
+        q = np.abs(rng.standard_normal((n, r))) + 1.0
+        q, _ = np.linalg.qr(q)
+        q *= np.sign(q[0])  # the first column positive; the rest mixed, as Lanczos blocks are
+    else:
+        q, _ = np.linalg.qr(rng.standard_normal((n, r)))
+    v = rng.standard_normal(r)
+    v /= np.linalg.norm(v)
+    # Q (I + d v v^T)^{1/2}: Gram matrix I + d v v^T exactly (up to double roundoff)
+    return q + (np.sqrt(1.0 + drift) - 1.0) * np.outer(q @ v, v)
+
+
+@pytest.mark.parametrize("n,r", [(300, 40), (2048, 120), (1500, 200)])
+def test_the_single_precision_drift_bound_is_never_below_the_drift(n, r):
+    """``_drift_bound`` forms Q^T Q from single-precision products; its rounding term must keep
+    it above ||Q^T Q - I||_2 whatever the drift, including drifts at the single-precision
+    roundoff level, where the computed Gram matrix alone can read less than the truth."""
+    rng = np.random.default_rng(n + r)
+    for drift in (0.0, 1e-9, 3e-8, 1e-7, 1e-6, 1e-4, 1e-2):
+        for positive in (False, True):
+            q = _near_orthonormal(rng, n, r, drift, positive)
+            e = q.T @ q - np.eye(r)
+            true = float(np.max(np.abs(np.linalg.eigvalsh(e))))
+            bound = mf._drift_bound(q)
+            assert bound >= true, (drift, positive, bound, true)
+            # and not vacuous: rows in chunks keep it near gamma_512 r, far below 1
+            assert bound <= true + 1.1 * 512 * 2.0**-24 * r + 1e-9, (bound, true)
+
+
+def test_the_single_precision_gram_matrix_alone_can_read_below_the_drift():
+    """What the rounding term is for: without it, ||S - I||_F (S the Gram matrix summed from
+    single-precision products) falls below ||Q^T Q - I||_2 on some of these bases (3 of 20
+    when this was written); the bound never does."""
+    rng = np.random.default_rng(0)
+    below = 0
+    for i in range(20):
+        q = _near_orthonormal(rng, 2048, 40, 1e-5, i % 2 == 0)
+        true = float(np.max(np.abs(np.linalg.eigvalsh(q.T @ q - np.eye(40)))))
+        h = q.astype(np.float32)
+        s = sum((h[lo : lo + 512].T @ h[lo : lo + 512]).astype(float) for lo in range(0, 2048, 512))
+        below += float(np.linalg.norm(s - np.eye(40))) < true
+        assert mf._drift_bound(q) >= true
+    assert below > 0
+
+
+def test_refined_leverages_are_an_upper_bound_within_roundoff():
+    rng = np.random.default_rng(3)
+    n, r = 400, 60
+    for drift in (0.0, 1e-6, 1e-3, 1e-2):
+        q = _near_orthonormal(rng, n, r, drift)
+        src = np.array([0, 17, 399])
+        g = q.T @ q
+        b = q[src].T
+        exact = np.einsum("ij,ij->j", b, np.linalg.solve(g, b))
+        got = mf._refined_leverages(q, src, mf._drift_bound(q))
+        assert got is not None
+        assert np.all(got >= exact * (1 - 1e-14)), (got - exact) / exact
+        np.testing.assert_allclose(got, exact, rtol=1e-13, atol=0)
+    # A drift the allowed steps cannot resolve: no answer (the Gram matrix then decides).
+    q = _near_orthonormal(rng, n, r, 0.5)
+    assert mf._refined_leverages(q, np.array([1]), 0.5) is None
+
+
+def test_few_sources_are_read_without_the_double_precision_gram_matrix(monkeypatch):
+    """On an Erdős–Rényi graph the single-precision check vouches for every observer's basis
+    (no double-precision Gram matrix), and the few sources' leverages equal those read through
+    that Gram matrix (the check refused by a threshold of -1)."""
+    w = metropolis("erdos_renyi", nodes=700, p=0.015, seed=4)
+    n = w.shape[0]
+    ws = sp.csr_matrix(w)
+    src = np.array([0, 5, n - 1])
+    starts = [[v, *mf._neighbours(w, v)] for v in range(0, n, 23)]
+    calls = []
+    real = mf._refined_leverages
+    monkeypatch.setattr(mf, "_refined_leverages", lambda *a: calls.append(1) or real(*a))
+    single = mf._local_leverages(ws, starts, n, 12, src)
+    taken = sum(x is not None for x in single)
+    assert taken == len(starts) and len(calls) == taken
+    monkeypatch.setattr(mf, "_SINGLE_ORTH", -1.0)
+    double = mf._local_leverages(ws, starts, n, 12, src)
+    assert len(calls) == taken  # not called again
+    for a, b in zip(single, double, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-17)

@@ -732,6 +732,16 @@ _LOCAL_ORTH = 1e-4
 #: Up to this many sources the fast path solves with its Gram matrix G = I + E by a Neumann
 #: iteration (a few products with E, whose norm it has bounded) instead of a Cholesky factor.
 _NEUMANN_SOURCES = 16
+#: Up to ``_NEUMANN_SOURCES`` sources the fast path first vouches for its basis without the
+#: double-precision Gram matrix (:func:`_drift_bound`): ``Q^T Q`` summed in double precision
+#: from single-precision products over this many rows at a time, whose rounding it bounds...
+_SINGLE_ROWS = 512
+#: ... and accepted if that bound on ``||Q^T Q - I||_2`` is at most this (G is then within 2 %
+#: of the identity) and every new block's smallest singular value exceeds ``_LOCAL_KEEP`` by
+#: at least the bound; else the double-precision Gram matrix decides, as for many sources.
+_SINGLE_ORTH = 0.02
+#: At most this many refinement steps of the few sources' solve (each two products with Q).
+_REFINE_STEPS = 4
 #: Observers per task of the fast path (one task per core at a time; each observer runs on its
 #: own, so a task holds one Lanczos basis at a time).
 _LOCAL_BATCH = 32
@@ -768,13 +778,22 @@ def _local_leverages(
     directions well above ``KEEP_TOL``: the reference keeps them too. Any smaller value (a
     deflation, or the ambiguous band) returns None for that observer.
 
+    Few sources (up to ``_NEUMANN_SOURCES``) first try without the double-precision Gram
+    matrix, the largest cost of an observer: :func:`_drift_bound` bounds ``||G - I||_2`` from
+    single-precision products at about half its cost, rounding included, and where that bound is
+    at most ``_SINGLE_ORTH`` and every new block's smallest singular value exceeds ``_LOCAL_KEEP``
+    by at least the bound (so ``s_full >= _LOCAL_KEEP``), :func:`_refined_leverages` reads
+    ``b^T G^{-1} b`` through products with Q alone, as an upper bound within ``2^-60 ||b||^2``
+    of it. Otherwise the double-precision Gram matrix decides, as below.
+
     Cost. Each observer runs on its own, in one contiguous n x r array (r = 1 + k T): its blocks
     are column slices that the small products read in place, the sparse product reads the last
     block, and the Gram matrix is one symmetric rank-r update of that array (no copy). The
-    leverages of up to ``_NEUMANN_SOURCES`` sources are ``b^T G^{-1} b`` for their rows b, by a
-    Neumann iteration on ``G = I + E`` (||E||_2 <= ||E||_F, checked above, bounds its error; no
-    factorisation); of up to n / 4, triangular solves of their rows; of more, the squared rows
-    of ``Q U^{-1}``, one triangular product in place (BLAS ``dtrmm``).
+    leverages of up to ``_NEUMANN_SOURCES`` sources (when the check above declined) are ``b^T
+    G^{-1} b`` for their rows b, by a Neumann iteration on ``G = I + E`` (||E||_2 <= ||E||_F,
+    checked above, bounds its error; no factorisation); of up to n / 4, triangular solves of
+    their rows; of more, the squared rows of ``Q U^{-1}``, one triangular product in place
+    (BLAS ``dtrmm``).
     """
     rows: list[np.ndarray | None] = []
     buf = np.empty(0)
@@ -812,6 +831,7 @@ def _local_leverage(
     floor = keep * keep
     q[:, :b0] = 0.0
     q[start, range(b0)] = 1.0
+    smallest = 1.0  # a lower bound on every new block's smallest singular value
     lo, hi = 0, b0  # columns of the last two blocks (the first block alone at step 1)
     # W e_v is in span(first block): only W e_N(v) brings new directions.
     last = np.ascontiguousarray(q[:, 1:b0])
@@ -827,7 +847,7 @@ def _local_leverage(
         upper, info = lapack.dpotrf(z.T @ z, lower=0, clean=1)
         if not info:
             inv, info = lapack.dtrtri(upper, lower=0, overwrite_c=1)
-        if info or not float(np.sum(inv * inv)) * floor <= 1.0:
+        if info or not (frob := float(np.sum(inv * inv))) * floor <= 1.0:
             # A small direction: the Gram matrix cannot size it, the SVD can. Any direction
             # below the floor, a deflation included, is left to the reference. (Even an exactly
             # zero one, from a neighbour whose neighbourhood lies in [v, N(v)]: with such
@@ -836,11 +856,19 @@ def _local_leverage(
             u, sv, _ = np.linalg.svd(z, full_matrices=False)
             if not sv[-1] >= keep:
                 return None
+            smallest = min(smallest, float(sv[-1]))
             new[...] = u
         else:
+            smallest = min(smallest, 1.0 / math.sqrt(frob))
             np.matmul(z, np.ascontiguousarray(inv), out=new)
         last = np.ascontiguousarray(new)
         lo, hi = (hi - k if j > 1 else 0), hi + k
+    if src.size <= _NEUMANN_SOURCES:
+        drift = _drift_bound(q)
+        if drift <= _SINGLE_ORTH and smallest - drift >= keep:
+            lev = _refined_leverages(q, src, drift)
+            if lev is not None:
+                return lev
     # G = Q^T Q, one symmetric rank-r update (numpy's product of an array with its own transpose).
     r = q.shape[1]
     g = q.T @ q
@@ -878,6 +906,68 @@ def _local_leverage(
     yt = blas.dtrmm(1.0, inv, q.T, side=0, lower=0, trans_a=1, overwrite_b=1)
     lev = np.einsum("ij,ij->j", yt, yt)
     return lev if src.size == n and np.array_equal(src, np.arange(n)) else lev[src]
+
+
+_U32 = 2.0**-24  # unit roundoff of single precision
+_U64 = 2.0**-53  # and of double precision
+
+
+def _drift_bound(q: np.ndarray) -> float:
+    """An upper bound on ``||Q^T Q - I||_2`` at half the cost of the double-precision Gram
+    matrix: ``S = sum_c fl32(H_c^T H_c)``, H = Q rounded to single precision, H_c its rows in
+    chunks of ``_SINGLE_ROWS``, each chunk's product converted exactly and summed in double
+    precision.
+
+    Rounding, entry by entry (Higham's bound for inner products in any order of summation,
+    fused or not): ``|H - Q| <= u|Q|``; a chunk's product is off by at most ``gamma_b |H_c|^T
+    |H_c|`` (b rows, ``gamma_b = b u / (1 - b u)``, u = 2^-24); the double-precision sum of m
+    chunks by at most ``gamma_m |S_c|`` summed (u = 2^-53). So ``|S - Q^T Q| <= c |Q|^T |Q|``
+    with ``c`` below, and ``|| |Q|^T |Q| ||_2 = || |Q| ||_2^2 <= ||Q||_F^2 = tr(Q^T Q) <=
+    tr(S) / (1 - c)``. Then ``||Q^T Q - I||_2 <= ||S - I||_F + c tr(S) / (1 - c)``, the two
+    norms taken with a margin for their own double-precision rounding. Underflow adds at most
+    ``2^-149`` an entry of H and of a product; a term for it is added too. At n = 2048, r = 307
+    the rounding term is about 0.009, far above the drift itself (1e-6), and the test for it
+    (``_SINGLE_ORTH``, the margin above ``_LOCAL_KEEP``) leaves room for it."""
+    n, r = q.shape
+    h = q.astype(np.float32)
+    s = np.zeros((r, r))
+    chunks = 0
+    for lo in range(0, n, _SINGLE_ROWS):
+        hc = h[lo : lo + _SINGLE_ROWS]
+        s += hc.T @ hc
+        chunks += 1
+    rows = min(n, _SINGLE_ROWS)
+    gb = rows * _U32 / (1.0 - rows * _U32)
+    gm = chunks * _U64 / (1.0 - chunks * _U64)
+    c = gb * (1.0 + _U32) ** 2 + 2.0 * _U32 + _U32 * _U32 + gm * (1.0 + gb) * (1.0 + _U32) ** 2
+    trace = float(np.trace(s)) * (1.0 + 1e-12)
+    s.flat[:: r + 1] -= 1.0
+    dev = float(np.linalg.norm(s)) * (1.0 + 1e-10)
+    underflow = float(r) * (n + 1) * 2.0**-147
+    return dev + c * trace / (1.0 - c) + underflow
+
+
+def _refined_leverages(q: np.ndarray, src: np.ndarray, drift: float) -> np.ndarray | None:
+    """``b^T G^{-1} b`` for the rows ``b = Q[u]^T`` of the sources, ``G = Q^T Q`` never formed:
+    ``G x`` is two products with Q. From ``x = b``, each step computes the residual ``g = G x -
+    b`` and stops once the bound below is at most ``2^-60 ||b||^2``; else ``x <- x - g``
+    (Richardson's iteration, which contracts by ``||G - I||_2 <= drift`` a step).
+
+    The value returned, ``2 b^T x - x^T G x + ||g||^2 / (1 - drift)``, is an upper bound on
+    ``b^T G^{-1} b`` within that bound of it: with ``x* = G^{-1} b``, ``b^T x* - (2 b^T x - x^T G
+    x) = (x - x*)^T G (x - x*) = g^T G^{-1} g``, between 0 and ``||g||^2 / lambda_min(G)``, and
+    ``lambda_min(G) >= 1 - drift``. None if the steps run out (the Gram matrix then decides)."""
+    b = q[src].T
+    x = b
+    limit = 2.0**-60 * np.einsum("ij,ij->j", b, b)
+    for _ in range(_REFINE_STEPS + 1):
+        gx = q.T @ (q @ x)
+        g = gx - b
+        gap = np.einsum("ij,ij->j", g, g) / (1.0 - drift)
+        if np.all(gap <= limit):
+            return 2.0 * np.einsum("ij,ij->j", b, x) - np.einsum("ij,ij->j", x, gx) + gap
+        x = x - g
+    return None
 
 
 def _observers_factors(
