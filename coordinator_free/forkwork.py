@@ -43,9 +43,17 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def chunks(count: int, size: int) -> list[range]:
-    """``range(count)`` cut into consecutive tasks of ``size`` items (the last one shorter)."""
-    return [range(k, min(k + size, count)) for k in range(0, count, size)]
+def chunks(count: int, size: int, *, taper: int = 0) -> list[range]:
+    """``range(count)`` cut into consecutive tasks of ``size`` items (the last one shorter).
+
+    ``taper``: the last ``taper`` items (at most) in tasks of an eighth of ``size`` instead, so
+    that the cores run out of work at nearly the same time: with tasks of equal cost, a core
+    that takes the last full task leaves the others idle for up to one task's time."""
+    tail = min(max(taper, 0), count)
+    head = count - tail
+    small = max(1, size // 8)
+    out = [range(k, min(k + size, head)) for k in range(0, head, size)]
+    return out + [range(k, min(k + small, count)) for k in range(head, count, small)]
 
 
 def fill_numeric(task: Callable[[int], None], count: int, *, done=None) -> None:

@@ -144,3 +144,20 @@ def test_fill_numeric_holds_every_blas_to_one_thread_scipys_own_included():
 
     forkwork.fill_numeric(task, 4)
     assert seen.tolist() == [1.0] * 4
+
+
+@pytest.mark.parametrize("count,size,taper", [(0, 4, 0), (10, 4, 0), (2048, 32, 128),
+                                              (100, 32, 1000), (33, 32, 5), (7, 1, 3)])  # fmt: skip
+def test_chunks_cover_every_item_once_in_order_and_taper_the_last(count, size, taper):
+    tasks = forkwork.chunks(count, size, taper=taper)
+    assert [i for t in tasks for i in t] == list(range(count))
+    assert all(len(t) > 0 for t in tasks)
+    tail = min(taper, count)
+    small = max(1, size // 8)
+    for t in tasks:
+        if t.start >= count - tail:
+            assert len(t) <= small  # the tapered tail
+        else:
+            assert len(t) <= size and t.stop <= count - tail
+    if count - tail >= size:
+        assert len(tasks[0]) == size

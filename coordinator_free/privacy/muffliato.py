@@ -1089,7 +1089,9 @@ def plan_factors(
                 progress.tick(i + 1, obs.size, "exact loss, observer")
             out[obs[:, None] == src[None, :]] = 1.0
             return out
-        batches = [list(r) for r in forkwork.chunks(obs.size, _LOCAL_BATCH)]
+        # The last observers in smaller tasks: the cores finish within one of them.
+        taper = 2 * _LOCAL_BATCH * forkwork.cores()
+        batches = [list(r) for r in forkwork.chunks(obs.size, _LOCAL_BATCH, taper=taper)]
         _fill_observers(
             lambda idx: _observers_factors(ws, w, obs[idx].tolist(), n, steps, src, strict),
             batches,
