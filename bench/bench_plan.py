@@ -24,8 +24,10 @@ geometric graph, whose reference raises at some observers).
 ``--graph G --floor`` measures what the exact plan of one source of that graph cannot take less
 than with this method, whatever the code around its products: on one core, the products every
 observer's fast path needs, each timed alone on arrays of that observer's shapes (its T - 1
-sparse products of an n x deg block, the dense products of those Lanczos steps, and the Gram
-product of its n x (1 + deg T) basis that vouches for the projector), once per degree and
+sparse products of an n x deg block, the dense products of those Lanczos steps, the Gram
+product of its n x (1 + deg T) basis in single precision that vouches for the projector, and the
+two products with that basis that read the source's leverage; the double-precision Gram product
+that many sources need is timed too, and a floor with it printed beside), once per degree and
 summed over every observer; beside them the fast path itself on ``--sample`` evenly spaced
 observers (128 by default, scaled to n); plus what ``cfree plan`` spends before its observers,
 as it is now (interpreter and imports, graph, gossip matrix, spectral gap; the report's
@@ -51,6 +53,7 @@ from coordinator_free.graphs import (
     gossip_matrix,
     spectral_gap,
 )
+from coordinator_free.privacy import muffliato
 from coordinator_free.privacy.muffliato import distance_summary, plan_factors
 
 
@@ -121,7 +124,13 @@ def observer_floor(ws, degree: int, steps: int, seconds: float = 0.02) -> dict[s
     * ``blocks``: the dense products of those steps, each on its own: the projection of the new
       block on the last two (``B^T Z`` and ``B C``, B n x 2k), its Gram matrix ``Z^T Z`` and its
       orthonormalisation ``Z R^-1``;
-    * ``gram``: the Gram product ``Q^T Q`` of the n x r basis (which vouches for the projector).
+    * ``gram``: the Gram product ``Q^T Q`` of the n x r basis in double precision (which
+      vouches for the projector where many sources are asked for);
+    * ``gram_single``: what vouches for it for one source instead: the basis rounded to single
+      precision and its Gram product in chunks of ``_SINGLE_ROWS`` rows
+      (``muffliato._drift_bound``);
+    * ``refine``: one source's leverage read through products with Q: two of ``Q^T (Q x)``
+      (``muffliato._refined_leverages``, which needs two on this graph).
 
     Nothing of the factorisations, checks, solves, copies or calls around them is in it."""
     n = ws.shape[0]
@@ -148,10 +157,21 @@ def observer_floor(ws, degree: int, steps: int, seconds: float = 0.02) -> dict[s
     # The first step projects on the first block (k + 1 columns), every later one on the last
     # two blocks (2k columns, 2k + 1 at the second step: counted as 2k, so the floor errs low).
     blocks = 0.0 if steps < 2 else block(k + 1) + (steps - 2) * block(2 * k)
+    rows = muffliato._SINGLE_ROWS
+
+    def gram_single():
+        h = q.astype(np.float32)
+        s = np.zeros((r, r))
+        for lo in range(0, n, rows):
+            s += h[lo : lo + rows].T @ h[lo : lo + rows]
+
+    x = rng.standard_normal((r, 1))
     return {
         "sparse": (steps - 1) * _per_call(lambda: ws @ z, seconds / 4),
         "blocks": blocks,
         "gram": _per_call(lambda: q.T @ q, seconds / 4),
+        "gram_single": _per_call(gram_single, seconds / 4),
+        "refine": 2 * _per_call(lambda: q.T @ (q @ x), seconds / 4),
     }
 
 
@@ -177,7 +197,6 @@ def exact_floor(args) -> None:
     from coordinator_free import forkwork
     from coordinator_free.blas import one_thread
     from coordinator_free.families import family_of
-    from coordinator_free.privacy import muffliato
 
     load0 = os.getloadavg()
     imports = _import_seconds()
@@ -195,7 +214,7 @@ def exact_floor(args) -> None:
     # every observer (no sampling). The fast path runs on the sampled observers, in tasks of the
     # plan's size (a task reuses its work array from one observer to the next).
     degrees, counts = np.unique(degree, return_counts=True)
-    parts = {"sparse": 0.0, "blocks": 0.0, "gram": 0.0}
+    parts = {"sparse": 0.0, "blocks": 0.0, "gram": 0.0, "gram_single": 0.0, "refine": 0.0}
     with one_thread():
         for i, (k, c) in enumerate(zip(degrees.tolist(), counts.tolist(), strict=True)):
             for part, sec in observer_floor(ws, k, steps).items():
@@ -211,7 +230,12 @@ def exact_floor(args) -> None:
     print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
     cores = len(os.sched_getaffinity(0))
     rest = imports + make_plan
-    primitives = sum(parts.values())
+    # One source: the basis vouched for in single precision (every observer of the Erdős–Rényi
+    # graph passes that check), the leverage read through products with Q. The double-precision
+    # Gram matrix is what many sources need (and one source needed before).
+    one = ("sparse", "blocks", "gram_single", "refine")
+    primitives = sum(parts[p] for p in one)
+    primitives_double = parts["sparse"] + parts["blocks"] + parts["gram"]
     res = {
         "graph": args.graph,
         "n": n,
@@ -227,6 +251,7 @@ def exact_floor(args) -> None:
         "primitives_cpu_s": primitives,
         "fast_path_cpu_s": fast,
         "floor_one_source_s": rest + primitives / cores,
+        "floor_one_source_double_gram_s": rest + primitives_double / cores,
         "fast_path_one_source_s": rest + fast / cores,
         "load_start": load0,
         "load_end": os.getloadavg(),
@@ -238,11 +263,17 @@ def exact_floor(args) -> None:
     print(f"{args.graph}: n={n} T={steps}, {cores} cores; load average {load0[0]:.2f} -> "
           f"{res['load_end'][0]:.2f}")  # fmt: skip
     print(f"  per observer, one core: sparse products {per['sparse']:.2f} ms, the steps' dense "
-          f"products {per['blocks']:.2f} ms, Gram product {per['gram']:.2f} ms (mean of every "
-          f"observer); the fast path {per['fast_path_sampled']:.2f} "
+          f"products {per['blocks']:.2f} ms, single-precision Gram products "
+          f"{per['gram_single']:.2f} ms, the leverage's products {per['refine']:.2f} ms (the "
+          f"double-precision Gram product, for many sources: {per['gram']:.2f} ms; means over "
+          f"every observer); the fast path {per['fast_path_sampled']:.2f} "
           f"ms ({obs.size} observers sampled, x {scale:.1f})")  # fmt: skip
     print(f"  the command before its observers: imports {imports:.2f} s, graph, gossip matrix "
           f"and spectral gap {make_plan:.2f} s")  # fmt: skip
+    print(
+        f"  with the double-precision Gram product instead: floor "
+        f"{res['floor_one_source_double_gram_s']:.1f} s"
+    )
     print(f"  one source, whole command: floor {res['floor_one_source_s']:.1f} s "
           f"(primitives {primitives:.1f} s of CPU); the fast path shared perfectly "
           f"{res['fast_path_one_source_s']:.1f} s ({fast:.1f} s of CPU)")  # fmt: skip
@@ -254,7 +285,6 @@ def exact_without_symmetry(args) -> None:
     import resource
 
     from coordinator_free.families import family_of
-    from coordinator_free.privacy import muffliato
 
     sets, cfg = _graph_config(args)
     plan = family_of(cfg.protocol.name).make_plan(cfg)
