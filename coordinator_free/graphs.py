@@ -76,7 +76,7 @@ def build_graph(
         for _ in range(max_tries):
             s = int(rng.integers(2**63))
             if kind == "erdos_renyi":
-                g = nx.gnp_random_graph(nodes, p, seed=s)
+                g = gnp_graph(nodes, p, s)
             else:
                 g = nx.random_geometric_graph(nodes, radius, seed=s)
             if nx.is_connected(g):
@@ -98,6 +98,40 @@ def build_graph(
         raise GraphError("a graph needs at least 2 nodes")
     if not nx.is_connected(g):
         raise GraphError(f"the {kind} graph is not connected")
+    return g
+
+
+#: Coin flips drawn at a time by :func:`gnp_graph` (32 MiB of doubles).
+_GNP_CHUNK = 1 << 22
+
+
+def gnp_graph(nodes: int, p: float, seed: int) -> nx.Graph:
+    """``networkx.gnp_random_graph(nodes, p, seed=seed)``: the same graph, edge for edge and in
+    the same order, drawn in numpy (0.04 s instead of 0.46 s at 2 048 nodes).
+
+    That generator flips one coin per pair ``(i, j)``, i < j, in lexicographic order, with
+    ``random.Random(seed).random() < p``. Python seeds its Mersenne Twister from the seed's
+    32-bit words (``init_by_array``), as numpy's legacy ``RandomState`` does from an array of
+    two or more words, and both make a double from two 32-bit outputs the same way
+    (``(a >> 5) * 2^26 + (b >> 6)) / 2^53``): the same coins. A seed of one word (below 2^32,
+    which numpy would seed differently), and p outside (0, 1), go to networkx itself."""
+    words = []
+    rest = seed
+    while rest > 0:
+        words.append(rest & 0xFFFFFFFF)
+        rest >>= 32
+    if seed < 0 or len(words) < 2 or not 0.0 < p < 1.0:
+        return nx.gnp_random_graph(nodes, p, seed=seed)
+    coins = np.random.RandomState(np.array(words, dtype=np.uint32))
+    # Pair (i, j) is coin number starts[i] + (j - i - 1), starts[i] the pairs of rows before i.
+    starts = np.concatenate(([0], np.cumsum(np.arange(nodes - 1, 0, -1, dtype=np.int64))))
+    total = nodes * (nodes - 1) // 2
+    g = nx.empty_graph(nodes)
+    for lo in range(0, total, _GNP_CHUNK):
+        hit = lo + np.flatnonzero(coins.random_sample(min(_GNP_CHUNK, total - lo)) < p)
+        i = np.searchsorted(starts, hit, side="right") - 1
+        j = hit - starts[i] + i + 1
+        g.add_edges_from(zip(i.tolist(), j.tolist(), strict=True))
     return g
 
 

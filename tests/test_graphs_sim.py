@@ -52,6 +52,36 @@ def test_random_graphs_are_deterministic_in_their_seed():
     assert set(a.edges()) == set(b.edges()) != set(c.edges())
 
 
+def _coin_by_coin(n: int, p: float, seed: int) -> list[tuple[int, int]]:
+    """The G(n, p) graph as defined: one coin of ``random.Random(seed)`` per pair, in order."""
+    import itertools
+    import random
+
+    coins = random.Random(seed)
+    return [e for e in itertools.combinations(range(n), 2) if coins.random() < p]
+
+
+@pytest.mark.parametrize("n,p", [(2, 0.5), (3, 0.9), (60, 0.1), (300, 0.02), (900, 0.004)])
+def test_erdos_renyi_graphs_are_drawn_coin_for_coin(n, p, monkeypatch):
+    """``graphs.gnp_graph`` draws the coins in numpy; the graph (its edges in order, each
+    node's neighbours in order) is the one of a coin per pair drawn by Python's generator, and
+    networkx's ``gnp_random_graph`` of the same seed; chunked draws continue the same stream."""
+    monkeypatch.setattr(graphs, "_GNP_CHUNK", 1000)  # several chunks, one cut mid-row
+    rng = np.random.default_rng(n)
+    seeds_ = [int(rng.integers(2**32, 2**63)) for _ in range(4)] + [2**32, 2**63 - 1, 7]
+    for seed in seeds_:  # 7: one word, which networkx draws itself
+        g = graphs.gnp_graph(n, p, seed)
+        ref = nx.gnp_random_graph(n, p, seed=seed)
+        assert list(g.edges()) == _coin_by_coin(n, p, seed) == list(ref.edges()), seed
+        assert list(g.nodes()) == list(range(n))
+        assert all(list(g[v]) == list(ref[v]) for v in range(n))
+    # and so is every Erdős–Rényi graph of a configuration
+    g = graphs.build_graph("erdos_renyi", nodes=120, p=0.06, seed=3)
+    monkeypatch.setattr(graphs, "gnp_graph", lambda n, p, s: nx.gnp_random_graph(n, p, seed=s))
+    ref = graphs.build_graph("erdos_renyi", nodes=120, p=0.06, seed=3)
+    assert list(g.edges()) == list(ref.edges())
+
+
 def test_disconnected_random_graph_is_a_clear_error():
     with pytest.raises(graphs.GraphError, match="not connected in 5 draws; increase p"):
         graphs.build_graph("erdos_renyi", nodes=50, p=0.001, seed=0, max_tries=5)
