@@ -69,9 +69,10 @@ def test_plan_floor_counts_the_products_of_the_lanczos_steps_it_has(plan_bench):
 
     ws = gossip_matrix(nx.cycle_graph(64), sparse=True)
     one = plan_bench.observer_floor(ws, 2, 1, seconds=0.001)
-    assert set(one) == {"sparse", "blocks", "gram"}
+    assert set(one) == {"sparse", "blocks", "gram", "gram_single", "refine"}
     # One step: the basis is the first block, no Lanczos step and so no product of one.
     assert one["sparse"] == 0.0 and one["blocks"] == 0.0 and one["gram"] > 0.0
+    assert one["gram_single"] > 0.0 and one["refine"] > 0.0
     several = plan_bench.observer_floor(ws, 2, 5, seconds=0.001)
     assert all(isinstance(s, float) and s > 0.0 for s in several.values()), several
 
@@ -95,10 +96,13 @@ def test_plan_floor_stops_where_the_basis_spans_the_space(plan_bench, monkeypatc
     monkeypatch.setattr(plan_bench, "_per_call", lambda fn, seconds: 1.0)
     ws = gossip_matrix(nx.cycle_graph(16), sparse=True)
     # Degree 2 on 16 nodes: the basis spans R^16 after ceil(15 / 2) = 8 blocks, so 7 Lanczos
-    # steps however long the schedule; each step has 4 dense products; one Gram product.
+    # steps however long the schedule; each step has 4 dense products; one Gram product in
+    # double precision, one in single (its chunks timed as one call), and the leverage's two.
     for steps, used in ((5, 5), (8, 8), (50, 8)):
         got = plan_bench.observer_floor(ws, 2, steps)
-        assert got == {"sparse": used - 1, "blocks": 4 * (used - 1), "gram": 1.0}, (steps, got)
+        want = {"sparse": used - 1, "blocks": 4 * (used - 1), "gram": 1.0, "gram_single": 1.0,
+                "refine": 2.0}  # fmt: skip
+        assert got == want, (steps, got)
 
 
 def test_the_skeleton_ring_completes_and_leaves_no_log_behind(bench, tmp_path):
