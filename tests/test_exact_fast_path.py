@@ -267,3 +267,10 @@ def test_few_sources_are_read_without_the_double_precision_gram_matrix(monkeypat
     assert len(calls) == taken  # not called again
     for a, b in zip(single, double, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-17)
+    # A solve that runs out of steps hands the observer to the Gram matrix too.
+    monkeypatch.setattr(mf, "_SINGLE_ORTH", 0.02)
+    monkeypatch.setattr(mf, "_REFINE_STEPS", -1)
+    again = mf._local_leverages(ws, starts, n, 12, src)
+    assert len(calls) == 2 * taken
+    for a, b in zip(again, double, strict=True):
+        np.testing.assert_array_equal(a, b)
