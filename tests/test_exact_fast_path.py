@@ -207,29 +207,29 @@ def test_the_single_precision_drift_bound_is_never_below_the_drift(n, r):
             q = _near_orthonormal(rng, n, r, drift, positive)
             e = q.T @ q - np.eye(r)
             true = float(np.max(np.abs(np.linalg.eigvalsh(e))))
-            bound = mf._drift_bound(q)
+            read, bound = mf._drift_bound(q)
             assert bound >= true, (drift, positive, bound, true)
+            assert read <= bound
             # and not vacuous: rows in chunks keep it near gamma_512 r, far below 1
             assert bound <= true + 1.1 * 512 * 2.0**-24 * r + 1e-9, (bound, true)
 
 
 def test_the_single_precision_gram_matrix_alone_can_read_below_the_drift():
-    """What the rounding term is for: without it, ||S - I||_F (S the Gram matrix summed from
-    single-precision products) falls below ||Q^T Q - I||_2 on some of these bases (3 of 20
-    when this was written); the bound never does."""
-    rng = np.random.default_rng(0)
-    below = 0
-    for i in range(20):
-        q = _near_orthonormal(rng, 2048, 40, 1e-5, i % 2 == 0)
-        true = float(np.max(np.abs(np.linalg.eigvalsh(q.T @ q - np.eye(40)))))
-        h = q.astype(np.float32)
-        s = sum((h[lo : lo + 512].T @ h[lo : lo + 512]).astype(float) for lo in range(0, 2048, 512))
-        below += float(np.linalg.norm(s - np.eye(40))) < true
-        assert mf._drift_bound(q) >= true
-    assert below > 0
+    """What the rounding term is for. Columns of +-1/32 over 1024 rows (Walsh functions) are
+    orthonormal, and so is everything single precision computes from them, exactly, in any
+    order of summation; moved by 2^-40 (less than half a single-precision step at 1/32), they
+    round back to the same columns. So the drift read in single precision is 0 while the true
+    one is about 1e-10: the bound must come from the rounding term, and does."""
+    n, r = 1024, 8
+    walsh = np.array([[(-1) ** bin(i & j).count("1") for j in range(r)] for i in range(n)])
+    q = walsh / 32.0 + 2.0**-40 * (np.arange(n * r).reshape(n, r) % 3 == 0)
+    assert np.array_equal(q.astype(np.float32), walsh / 32.0)
+    true = float(np.max(np.abs(np.linalg.eigvalsh(q.T @ q - np.eye(r)))))
+    read, bound = mf._drift_bound(q)
+    assert read == 0.0 < true <= bound
 
 
-def test_refined_leverages_are_an_upper_bound_within_roundoff():
+def test_refined_leverages_are_the_leverages_to_roundoff_and_bound_them_from_above():
     rng = np.random.default_rng(3)
     n, r = 400, 60
     for drift in (0.0, 1e-6, 1e-3, 1e-2):
@@ -238,10 +238,20 @@ def test_refined_leverages_are_an_upper_bound_within_roundoff():
         g = q.T @ q
         b = q[src].T
         exact = np.einsum("ij,ij->j", b, np.linalg.solve(g, b))
-        got = mf._refined_leverages(q, src, mf._drift_bound(q))
+        bound = mf._drift_bound(q)[1]
+        got = mf._refined_leverages(q, src, bound)
         assert got is not None
-        assert np.all(got >= exact * (1 - 1e-14)), (got - exact) / exact
         np.testing.assert_allclose(got, exact, rtol=1e-13, atol=0)
+        # Stopped early (a loose tolerance: the first residual is taken), the certified gap is
+        # far above roundoff, and the value is above the leverage by at most that gap.
+        if drift >= 1e-3:
+            loose = mf._refined_leverages(q, src, bound, tol=1.0)
+            gap = np.einsum("ij,ij->j", g @ b - b, g @ b - b) / (1.0 - bound)
+            assert np.all(gap > 1e-9 * exact)
+            assert np.all(loose >= exact) and np.all(loose - exact <= gap * (1 + 1e-9)), (
+                loose - exact,
+                gap,
+            )
     # A drift the allowed steps cannot resolve: no answer (the Gram matrix then decides).
     q = _near_orthonormal(rng, n, r, 0.5)
     assert mf._refined_leverages(q, np.array([1]), 0.5) is None
@@ -267,6 +277,25 @@ def test_few_sources_are_read_without_the_double_precision_gram_matrix(monkeypat
     assert len(calls) == taken  # not called again
     for a, b in zip(single, double, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-17)
+    # A block whose smallest direction is within the bound of the floor: the Gram matrix.
+    # (A bound standing in for the real one: 0.45 is more than these bases' smallest new
+    # direction minus the floor, 0 is less.)
+    monkeypatch.setattr(mf, "_SINGLE_ORTH", 0.5)
+    monkeypatch.setattr(mf, "_drift_bound", lambda q: (0.0, 0.45))
+    for a, b in zip(mf._local_leverages(ws, starts, n, 12, src), double, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert len(calls) == taken
+    monkeypatch.setattr(mf, "_drift_bound", lambda q: (0.0, 0.0))
+    mf._local_leverages(ws, starts, n, 12, src)
+    assert len(calls) == 2 * taken
+    del calls[taken:]
+    monkeypatch.undo()
+    monkeypatch.setattr(mf, "_refined_leverages", lambda *a: calls.append(1) or real(*a))
+    # A drift read above the Gram matrix's gate (here 0): refused on both paths.
+    monkeypatch.setattr(mf, "_LOCAL_ORTH", 0.0)
+    assert all(x is None for x in mf._local_leverages(ws, starts, n, 12, src))
+    assert len(calls) == taken
+    monkeypatch.setattr(mf, "_LOCAL_ORTH", 1e-4)
     # A solve that runs out of steps hands the observer to the Gram matrix too.
     monkeypatch.setattr(mf, "_SINGLE_ORTH", 0.02)
     monkeypatch.setattr(mf, "_REFINE_STEPS", -1)

@@ -727,7 +727,8 @@ def _lanczos_basis(
 #: there only at or above this size, far above ``KEEP_TOL`` (an observer with a smaller one goes
 #: to the fully re-orthogonalised path, which applies the tolerance policy)...
 _LOCAL_KEEP = 1e-3
-#: ... and a finished basis only if ``||Q^T Q - I||_F`` is at most this.
+#: ... and a finished basis only if ``||Q^T Q - I||_F`` is at most this (measured on the
+#: double-precision Gram matrix, or, for a few sources, on the single-precision one).
 _LOCAL_ORTH = 1e-4
 #: Up to this many sources the fast path solves with its Gram matrix G = I + E by a Neumann
 #: iteration (a few products with E, whose norm it has bounded) instead of a Cholesky factor.
@@ -737,8 +738,9 @@ _NEUMANN_SOURCES = 16
 #: from single-precision products over this many rows at a time, whose rounding it bounds...
 _SINGLE_ROWS = 512
 #: ... and accepted if that bound on ``||Q^T Q - I||_2`` is at most this (G is then within 2 %
-#: of the identity) and every new block's smallest singular value exceeds ``_LOCAL_KEEP`` by
-#: at least the bound; else the double-precision Gram matrix decides, as for many sources.
+#: of the identity), the drift read there at most ``_LOCAL_ORTH`` (the same gate as the Gram
+#: matrix's) and every new block's smallest singular value exceeds ``_LOCAL_KEEP`` by at least
+#: the bound; else the double-precision Gram matrix decides, as for many sources.
 _SINGLE_ORTH = 0.02
 #: At most this many refinement steps of the few sources' solve (each two products with Q).
 _REFINE_STEPS = 4
@@ -781,10 +783,12 @@ def _local_leverages(
     Few sources (up to ``_NEUMANN_SOURCES``) first try without the double-precision Gram
     matrix, the largest cost of an observer: :func:`_drift_bound` bounds ``||G - I||_2`` from
     single-precision products at about half its cost, rounding included, and where that bound is
-    at most ``_SINGLE_ORTH`` and every new block's smallest singular value exceeds ``_LOCAL_KEEP``
-    by at least the bound (so ``s_full >= _LOCAL_KEEP``), :func:`_refined_leverages` reads
-    ``b^T G^{-1} b`` through products with Q alone, as an upper bound within ``2^-60 ||b||^2``
-    of it. Otherwise the double-precision Gram matrix decides, as below.
+    at most ``_SINGLE_ORTH``, the drift read there at most ``_LOCAL_ORTH`` (as below), and
+    every new block's smallest singular value exceeds ``_LOCAL_KEEP`` by at least the bound (so
+    ``s_full`` stays within a few 1e-4 of ``_LOCAL_KEEP`` or above, far above ``KEEP_TOL``),
+    :func:`_refined_leverages` reads ``b^T G^{-1} b`` through products with Q alone (an upper
+    bound within ``2^-60 ||b||^2`` of it in exact arithmetic; to roundoff in double precision).
+    Otherwise the double-precision Gram matrix decides, as below.
 
     Cost. Each observer runs on its own, in one contiguous n x r array (r = 1 + k T): its blocks
     are column slices that the small products read in place, the sparse product reads the last
@@ -863,9 +867,10 @@ def _local_leverage(
             np.matmul(z, np.ascontiguousarray(inv), out=new)
         last = np.ascontiguousarray(new)
         lo, hi = (hi - k if j > 1 else 0), hi + k
-    if src.size <= _NEUMANN_SOURCES:
-        drift = _drift_bound(q)
-        if drift <= _SINGLE_ORTH and smallest - drift >= keep:
+    # The single-precision check, unless its rounding term alone (about c r) rules it out.
+    if src.size <= _NEUMANN_SOURCES and _single_rounding(n) * q.shape[1] <= _SINGLE_ORTH:
+        read, drift = _drift_bound(q)
+        if read <= _LOCAL_ORTH and drift <= _SINGLE_ORTH and smallest - drift >= keep:
             lev = _refined_leverages(q, src, drift)
             if lev is not None:
                 return lev
@@ -912,9 +917,18 @@ _U32 = 2.0**-24  # unit roundoff of single precision
 _U64 = 2.0**-53  # and of double precision
 
 
-def _drift_bound(q: np.ndarray) -> float:
-    """An upper bound on ``||Q^T Q - I||_2`` at half the cost of the double-precision Gram
-    matrix: ``S = sum_c fl32(H_c^T H_c)``, H = Q rounded to single precision, H_c its rows in
+def _single_rounding(n: int) -> float:
+    """The constant c of :func:`_drift_bound` for n rows: ``|S - Q^T Q| <= c |Q|^T |Q|``."""
+    rows = min(n, _SINGLE_ROWS)
+    chunks = -(-n // _SINGLE_ROWS)
+    gb = rows * _U32 / (1.0 - rows * _U32)
+    gm = chunks * _U64 / (1.0 - chunks * _U64)
+    return gb * (1.0 + _U32) ** 2 + 2.0 * _U32 + _U32 * _U32 + gm * (1.0 + gb) * (1.0 + _U32) ** 2
+
+
+def _drift_bound(q: np.ndarray) -> tuple[float, float]:
+    """``(read, bound)``: ``||S - I||_F``, the drift read in single precision, and an upper
+    bound on ``||Q^T Q - I||_2``, at half the cost of the double-precision Gram matrix: ``S = sum_c fl32(H_c^T H_c)``, H = Q rounded to single precision, H_c its rows in
     chunks of ``_SINGLE_ROWS``, each chunk's product converted exactly and summed in double
     precision.
 
@@ -932,35 +946,35 @@ def _drift_bound(q: np.ndarray) -> float:
     n, r = q.shape
     h = q.astype(np.float32)
     s = np.zeros((r, r))
-    chunks = 0
     for lo in range(0, n, _SINGLE_ROWS):
         hc = h[lo : lo + _SINGLE_ROWS]
         s += hc.T @ hc
-        chunks += 1
-    rows = min(n, _SINGLE_ROWS)
-    gb = rows * _U32 / (1.0 - rows * _U32)
-    gm = chunks * _U64 / (1.0 - chunks * _U64)
-    c = gb * (1.0 + _U32) ** 2 + 2.0 * _U32 + _U32 * _U32 + gm * (1.0 + gb) * (1.0 + _U32) ** 2
+    c = _single_rounding(n)
     trace = float(np.trace(s)) * (1.0 + 1e-12)
     s.flat[:: r + 1] -= 1.0
     dev = float(np.linalg.norm(s)) * (1.0 + 1e-10)
     underflow = float(r) * (n + 1) * 2.0**-147
-    return dev + c * trace / (1.0 - c) + underflow
+    return dev, dev + c * trace / (1.0 - c) + underflow
 
 
-def _refined_leverages(q: np.ndarray, src: np.ndarray, drift: float) -> np.ndarray | None:
+def _refined_leverages(
+    q: np.ndarray, src: np.ndarray, drift: float, tol: float = 2.0**-60
+) -> np.ndarray | None:
     """``b^T G^{-1} b`` for the rows ``b = Q[u]^T`` of the sources, ``G = Q^T Q`` never formed:
     ``G x`` is two products with Q. From ``x = b``, each step computes the residual ``g = G x -
-    b`` and stops once the bound below is at most ``2^-60 ||b||^2``; else ``x <- x - g``
+    b`` and stops once the bound below is at most ``tol ||b||^2``; else ``x <- x - g``
     (Richardson's iteration, which contracts by ``||G - I||_2 <= drift`` a step).
 
     The value returned, ``2 b^T x - x^T G x + ||g||^2 / (1 - drift)``, is an upper bound on
-    ``b^T G^{-1} b`` within that bound of it: with ``x* = G^{-1} b``, ``b^T x* - (2 b^T x - x^T G
-    x) = (x - x*)^T G (x - x*) = g^T G^{-1} g``, between 0 and ``||g||^2 / lambda_min(G)``, and
-    ``lambda_min(G) >= 1 - drift``. None if the steps run out (the Gram matrix then decides)."""
+    ``b^T G^{-1} b`` within that bound of it, in exact arithmetic: with ``x* = G^{-1} b``, ``b^T
+    x* - (2 b^T x - x^T G x) = (x - x*)^T G (x - x*) = g^T G^{-1} g``, between 0 and ``||g||^2 /
+    lambda_min(G)``, and ``lambda_min(G) >= 1 - drift``. In double precision the products' own
+    rounding (about 1e-15 ||b||^2) is larger than the default ``tol``: the value is then the
+    leverage to roundoff, as the Gram matrix's path gives it. None if the steps run out (the
+    Gram matrix then decides)."""
     b = q[src].T
     x = b
-    limit = 2.0**-60 * np.einsum("ij,ij->j", b, b)
+    limit = tol * np.einsum("ij,ij->j", b, b)
     for _ in range(_REFINE_STEPS + 1):
         gx = q.T @ (q @ x)
         g = gx - b
