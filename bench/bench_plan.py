@@ -126,9 +126,9 @@ def observer_floor(ws, degree: int, steps: int, seconds: float = 0.02) -> dict[s
       orthonormalisation ``Z R^-1``;
     * ``gram``: the Gram product ``Q^T Q`` of the n x r basis in double precision (which
       vouches for the projector where many sources are asked for);
-    * ``gram_single``: what vouches for it for one source instead: the basis rounded to single
-      precision and its Gram product in chunks of ``_SINGLE_ROWS`` rows
-      (``muffliato._drift_bound``);
+    * ``gram_single``: what vouches for it for one source instead, ``muffliato._drift_bound``
+      itself: the basis rounded to single precision, its Gram product in chunks of
+      ``_SINGLE_ROWS`` rows, and the two norms of that r x r matrix;
     * ``refine``: one source's leverage read through products with Q: two of ``Q^T (Q x)``
       (``muffliato._refined_leverages``, which needs two on this graph).
 
@@ -157,20 +157,12 @@ def observer_floor(ws, degree: int, steps: int, seconds: float = 0.02) -> dict[s
     # The first step projects on the first block (k + 1 columns), every later one on the last
     # two blocks (2k columns, 2k + 1 at the second step: counted as 2k, so the floor errs low).
     blocks = 0.0 if steps < 2 else block(k + 1) + (steps - 2) * block(2 * k)
-    rows = muffliato._SINGLE_ROWS
-
-    def gram_single():
-        h = q.astype(np.float32)
-        s = np.zeros((r, r))
-        for lo in range(0, n, rows):
-            s += h[lo : lo + rows].T @ h[lo : lo + rows]
-
     x = rng.standard_normal((r, 1))
     return {
         "sparse": (steps - 1) * _per_call(lambda: ws @ z, seconds / 4),
         "blocks": blocks,
         "gram": _per_call(lambda: q.T @ q, seconds / 4),
-        "gram_single": _per_call(gram_single, seconds / 4),
+        "gram_single": _per_call(lambda: muffliato._drift_bound(q), seconds / 4),
         "refine": 2 * _per_call(lambda: q.T @ (q @ x), seconds / 4),
     }
 

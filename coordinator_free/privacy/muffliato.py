@@ -928,9 +928,9 @@ def _single_rounding(n: int) -> float:
 
 def _drift_bound(q: np.ndarray) -> tuple[float, float]:
     """``(read, bound)``: ``||S - I||_F``, the drift read in single precision, and an upper
-    bound on ``||Q^T Q - I||_2``, at half the cost of the double-precision Gram matrix: ``S = sum_c fl32(H_c^T H_c)``, H = Q rounded to single precision, H_c its rows in
-    chunks of ``_SINGLE_ROWS``, each chunk's product converted exactly and summed in double
-    precision.
+    bound on ``||Q^T Q - I||_2``, at half the cost of the double-precision Gram matrix:
+    ``S = sum_c fl32(H_c^T H_c)``, H = Q rounded to single precision, H_c its rows in chunks of
+    ``_SINGLE_ROWS``, each chunk's product converted exactly and summed in double precision.
 
     Rounding, entry by entry (Higham's bound for inner products in any order of summation,
     fused or not): ``|H - Q| <= u|Q|``; a chunk's product is off by at most ``gamma_b |H_c|^T
