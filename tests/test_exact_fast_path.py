@@ -303,3 +303,29 @@ def test_few_sources_are_read_without_the_double_precision_gram_matrix(monkeypat
     assert len(calls) == 2 * taken
     for a, b in zip(again, double, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_block_product_is_scipys_product_bit_for_bit():
+    """The fast path's sparse product (scipy's own routine, called without its checks) gives
+    exactly ``ws @ x``, for blocks of any width and for non-contiguous input; a non-contiguous
+    output is refused (its sums would land in a copy); a matrix of another type takes scipy's
+    product itself."""
+    rng = np.random.default_rng(5)
+    ws = sp.random(300, 300, density=0.03, random_state=7, format="csr") + sp.eye(300)
+    ws = sp.csr_matrix(ws)
+    product = mf._block_product(ws)
+    for k in (1, 3, 10, 17):
+        x = rng.standard_normal((300, k))
+        out = np.full((300, k), np.nan)
+        product(x, out)
+        assert np.array_equal(out, ws @ x)
+        strided = rng.standard_normal((300, 2 * k))[:, ::2]
+        product(strided, out)
+        assert np.array_equal(out, ws @ strided)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        product(x, np.empty((300, 2 * x.shape[1]))[:, ::2])
+    single = sp.csr_matrix(ws, dtype=np.float32)
+    out = np.empty((300, 4))
+    x = rng.standard_normal((300, 4))
+    mf._block_product(single)(x, out)
+    assert np.array_equal(out, single @ x)

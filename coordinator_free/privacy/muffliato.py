@@ -837,10 +837,13 @@ def _local_leverage(
     q[start, range(b0)] = 1.0
     smallest = 1.0  # a lower bound on every new block's smallest singular value
     lo, hi = 0, b0  # columns of the last two blocks (the first block alone at step 1)
-    # W e_v is in span(first block): only W e_N(v) brings new directions.
+    # W e_v is in span(first block): only W e_N(v) brings new directions. ``last``: the last
+    # block, contiguous (the sparse product reads it), then copied into q; ``z``: W times it.
     last = np.ascontiguousarray(q[:, 1:b0])
+    z = np.empty((n, k))
+    product = _block_product(ws)
     for j in range(1, steps if k else 1):
-        z = ws @ last
+        product(last, z)
         both = q[:, lo:hi]
         z -= both @ (both.T @ z)
         # Orthonormalised through its Gram matrix z^T z = R^T R (Cholesky), q = z R^{-1}: what
@@ -851,7 +854,7 @@ def _local_leverage(
         upper, info = lapack.dpotrf(z.T @ z, lower=0, clean=1)
         if not info:
             inv, info = lapack.dtrtri(upper, lower=0, overwrite_c=1)
-        if info or not (frob := float(np.sum(inv * inv))) * floor <= 1.0:
+        if info or not (frob := float(np.vdot(inv, inv))) * floor <= 1.0:
             # A small direction: the Gram matrix cannot size it, the SVD can. Any direction
             # below the floor, a deflation included, is left to the reference. (Even an exactly
             # zero one, from a neighbour whose neighbourhood lies in [v, N(v)]: with such
@@ -861,11 +864,12 @@ def _local_leverage(
             if not sv[-1] >= keep:
                 return None
             smallest = min(smallest, float(sv[-1]))
-            new[...] = u
+            last[...] = u
         else:
             smallest = min(smallest, 1.0 / math.sqrt(frob))
-            np.matmul(z, np.ascontiguousarray(inv), out=new)
-        last = np.ascontiguousarray(new)
+            # Into the contiguous block, then one copy into q.
+            np.matmul(z, np.ascontiguousarray(inv), out=last)
+        new[...] = last
         lo, hi = (hi - k if j > 1 else 0), hi + k
     # The single-precision check, unless its rounding term alone (about c r) rules it out.
     if src.size <= _NEUMANN_SOURCES and _single_rounding(n) * q.shape[1] <= _SINGLE_ORTH:
@@ -911,6 +915,37 @@ def _local_leverage(
     yt = blas.dtrmm(1.0, inv, q.T, side=0, lower=0, trans_a=1, overwrite_b=1)
     lev = np.einsum("ij,ij->j", yt, yt)
     return lev if src.size == n and np.array_equal(src, np.arange(n)) else lev[src]
+
+
+def _block_product(ws: sp.csr_matrix):
+    """``product(x, out)``: ``out[...] = ws @ x`` for n x k arrays (``out`` C-contiguous
+    float64), the same sums in the same order as scipy's product (its ``csr_matvecs``) without
+    the checks, conversions and new array of every call (about 15 us of the 200 an observer's
+    step takes on the 2048-node Erdos-Renyi graph, 29 steps an observer). Falls back to ``ws @
+    x`` where that routine is not there."""
+    try:
+        from scipy.sparse import _sparsetools
+
+        matvecs = _sparsetools.csr_matvecs
+    except (ImportError, AttributeError):  # pragma: no cover - another scipy layout
+        matvecs = None
+    if matvecs is None or ws.dtype != np.float64:
+
+        def plain(x: np.ndarray, out: np.ndarray) -> None:
+            out[...] = ws @ x
+
+        return plain
+    rows, cols = ws.shape
+    indptr, indices, data = ws.indptr, ws.indices, ws.data
+
+    def product(x: np.ndarray, out: np.ndarray) -> None:
+        if not out.flags.c_contiguous:  # its flat view would be a copy, and the sums lost
+            raise ValueError("the product's output must be C-contiguous")
+        out.fill(0.0)  # the routine adds to it
+        flat = np.ascontiguousarray(x, dtype=np.float64).reshape(-1)
+        matvecs(rows, cols, x.shape[1], indptr, indices, data, flat, out.reshape(-1))
+
+    return product
 
 
 _U32 = 2.0**-24  # unit roundoff of single precision
