@@ -188,6 +188,12 @@ def test_at_least_raises_every_loss_key_and_keeps_eps_only_bounds():
     }
     nan = {**low, "eps": math.nan}
     assert loss.at_least(nan, cap)["eps"] == 4.3
+    # A floor that is an upper bound (an exact row with an ambiguous direction kept) marks
+    # what it raised, and only that.
+    upper = {**cap, "upper_bound": True}
+    assert loss.at_least(low, upper)["upper_bound"] is True
+    high = {**low, "factor": 2.0, "rdp": 2.0, "eps": 9.0}
+    assert "upper_bound" not in loss.at_least(high, upper)
 
 
 def test_conversions_warmed_ahead_are_the_same_bits_and_leave_nothing_behind(monkeypatch):

@@ -67,8 +67,13 @@ class Views:
         released model, so every pair gets the run's local-DP loss."""
         return False
 
-    def plan_factors(self, plan, method: str, *, sources=None, observers=None) -> np.ndarray:
-        """Fault-free factors ``F[i, j]`` of source ``sources[j]`` towards ``observers[i]``."""
+    def plan_factors(
+        self, plan, method: str, *, sources=None, observers=None, bounds=None
+    ) -> np.ndarray:
+        """Fault-free factors ``F[i, j]`` of source ``sources[j]`` towards ``observers[i]``.
+        ``bounds``: a list the family appends to the observers whose row is an upper bound on
+        its exact factors, not the exact ones (:func:`bounds_note` says why); a family whose
+        rows are always what its method says leaves it empty."""
         raise NotImplementedError
 
     def realised_factors(self, plan, rp: Replay, v: int, method: str, notes: list) -> np.ndarray:
@@ -112,22 +117,46 @@ def plan_report(views: Views, cfg, plan, *, source: int | None, method: str) -> 
         "ldp": ldp_entry(views, plan, method),
         **views.report_fields(plan),
     }
+    if source is not None and not 0 <= source < plan.n:
+        raise AuditError(f"--source {source} is not a node id (0..{plan.n - 1})")
+    bounds: list[int] = []
+    if source is not None:
+        F = views.plan_factors(plan, method, sources=[source], bounds=bounds)  # F[v, 0]
+    else:
+        F = views.plan_factors(plan, method, bounds=bounds)  # F[v, u], all pairs
+    upper = set(bounds)
     note = views.note(plan)
+    if upper:
+        note = "; ".join(x for x in (note, bounds_note(upper, plan.n)) if x)
+        base["upper_bounds"] = sorted(upper)
     if note:
         base["accounting"] = note
     if source is not None:
-        if not 0 <= source < plan.n:
-            raise AuditError(f"--source {source} is not a node id (0..{plan.n - 1})")
-        F = views.plan_factors(plan, method, sources=[source])  # F[v, 0]
         dist = graphs.distances_from(plan.graph, source)
         losses = [
-            convert(float(F[v, 0])).entry(observer=v, distance=int(dist[v]))
+            _marked(convert(float(F[v, 0])).entry(observer=v, distance=int(dist[v])), v in upper)
             for v in range(plan.n)
             if v != source
         ]
         return {**base, "source": source, "losses": losses}
-    F = views.plan_factors(plan, method)  # F[v, u], all pairs
     return {**base, "source": None, **summarise(views, plan, F, convert)}
+
+
+def bounds_note(upper: set[int], n: int) -> str:
+    """Why the rows of ``upper`` are upper bounds (:meth:`Views.plan_factors`)."""
+    some = ", ".join(map(str, sorted(upper)[:12])) + (", ..." if len(upper) > 12 else "")
+    return (
+        f"'exact' for {len(upper)} of {n} observers ({some}) is an upper bound: a new direction "
+        "of their views fell in the band where float64 cannot tell a real direction from "
+        "roundoff, and was kept (it can only raise their loss); their entries say "
+        "upper_bound (observer marked + in the table)"
+    )
+
+
+def _marked(entry: dict, upper: bool) -> dict:
+    if upper:
+        entry["upper_bound"] = True
+    return entry
 
 
 def summarise(views: Views, plan, F: np.ndarray, convert) -> dict:
@@ -146,20 +175,34 @@ def all_plan_factors(views: Views, cfg, plan, method: str) -> np.ndarray:
     (an audit of damaged logs needs them; the fault-free schedule depends on the config alone,
     and the gossip matrix is part of the key so a changed graph file is never mistaken for the
     old one)."""
+    return all_plan_factors_bounded(views, cfg, plan, method)[0]
+
+
+_PLANNED_BOUNDS: dict[tuple, frozenset[int]] = {}
+
+
+def all_plan_factors_bounded(views: Views, cfg, plan, method: str) -> tuple[np.ndarray, frozenset]:
+    """:func:`all_plan_factors` and the observers whose rows are upper bounds
+    (:meth:`Views.plan_factors`), remembered together."""
     W = getattr(plan, "W", None)
     fingerprint = None if W is None else value_digest(np.asarray(W, dtype=np.float64))
+    bounds: list[int] = []
     try:
         key = (type(views).__name__, cfg, method, plan.steps, fingerprint)
         hash(key)
     except TypeError:
-        return views.plan_factors(plan, method)
+        F = views.plan_factors(plan, method, bounds=bounds)
+        return F, frozenset(bounds)
     F = _PLANNED_CACHE.get(key)
-    if F is None:
-        F = views.plan_factors(plan, method)
+    if F is None or key not in _PLANNED_BOUNDS:
+        F = views.plan_factors(plan, method, bounds=bounds)
         if len(_PLANNED_CACHE) >= 8:
-            _PLANNED_CACHE.pop(next(iter(_PLANNED_CACHE)))
+            old = next(iter(_PLANNED_CACHE))
+            _PLANNED_CACHE.pop(old)
+            _PLANNED_BOUNDS.pop(old, None)
         _PLANNED_CACHE[key] = F
-    return F
+        _PLANNED_BOUNDS[key] = frozenset(bounds)
+    return F, _PLANNED_BOUNDS[key]
 
 
 def planned_losses(views: Views, cfg, plan, observers: list[int]) -> dict[int, dict]:
@@ -168,13 +211,14 @@ def planned_losses(views: Views, cfg, plan, observers: list[int]) -> dict[int, d
     u = units_of(plan)
     out: dict[int, dict[tuple[int, str], dict]] = {v: {} for v in observers}
     for m in METHODS:
-        F = all_plan_factors(views, cfg, plan, m)  # F[v, u]
+        F, upper = all_plan_factors_bounded(views, cfg, plan, m)  # F[v, u]
         convert = u.method(m)
         for v in observers:
             dist = graphs.distances_from(plan.graph, v)
             for src in range(plan.n):
                 if src != v:
-                    out[v][(src, m)] = convert(float(F[v, src])).entry(distance=int(dist[src]))
+                    entry = convert(float(F[v, src])).entry(distance=int(dist[src]))
+                    out[v][(src, m)] = _marked(entry, v in upper)
     return out
 
 

@@ -146,18 +146,25 @@ def at_least(entry: dict, floor: dict) -> dict:
     """The entry raised to ``floor``: factor and rdp key by key (the larger; a key the entry
     leaves None stays None, so an eps-only bound stays eps-only), and where the floor's eps is
     larger, the floor's eps with how it was obtained (conversion, eps_rdp, alpha_max: one
-    consistent figure). Other keys of ``entry`` are kept."""
+    consistent figure). Other keys of ``entry`` are kept. A floor marked ``upper_bound`` (an
+    exact row that is an upper bound, not the exact value) passes the mark on where it raised
+    anything."""
     out = dict(entry)
+    raised = False
     for key in ("factor", "rdp"):
         a, b = entry.get(key), floor.get(key)
         if a is not None and _num(b):
             out[key] = max(float(a), float(b))
+            raised = raised or float(b) > float(a)
     if _num(floor.get("eps")) and not (_num(entry.get("eps")) and entry["eps"] >= floor["eps"]):
+        raised = True
         for key in ("eps", "eps_rdp", "alpha_max", "conversion"):
             if key in floor:
                 out[key] = floor[key]
             else:
                 out.pop(key, None)
+    if raised and floor.get("upper_bound"):
+        out["upper_bound"] = True
     return out
 
 

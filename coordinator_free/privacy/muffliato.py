@@ -1021,19 +1021,65 @@ def _refined_leverages(
 
 
 def _observers_factors(
-    ws: sp.csr_matrix, w, group: list[int], n: int, steps: int, src: np.ndarray, strict: bool
-) -> list[np.ndarray]:
+    ws: sp.csr_matrix,
+    w,
+    group: list[int],
+    n: int,
+    steps: int,
+    src: np.ndarray,
+    strict: bool,
+    resolve: bool = False,
+) -> tuple[list[np.ndarray], list[bool]]:
     """Exact fault-free factors of the sources ``src`` towards each observer of ``group``: the
-    fast path, else the reference for that observer."""
+    fast path, else the reference for that observer (:func:`_reference_row`); and, for each,
+    whether its row is an upper bound (``resolve``)."""
     starts = [[v, *_neighbours(w, v)] for v in group]
     rows = _local_leverages(ws, starts, n, steps, src)
+    upper = [False] * len(group)
     for i, (v, start) in enumerate(zip(group, starts, strict=True)):
         if rows[i] is None:
-            q = _lanczos_basis(ws, start, n, steps, _Ranks(strict, f"observer {v}"))
-            qs = q[src]
-            rows[i] = np.einsum("ij,ij->i", qs, qs)
+            rows[i], upper[i] = _reference_row(ws, w, v, start, n, steps, src, strict, resolve)
         rows[i] = np.clip(rows[i], 0.0, 1.0)
-    return rows
+    return rows, upper
+
+
+def _reference_row(
+    ws: sp.csr_matrix,
+    w,
+    v: int,
+    start: list[int],
+    n: int,
+    steps: int,
+    src: np.ndarray,
+    strict: bool,
+    resolve: bool,
+) -> tuple[np.ndarray, bool]:
+    """Observer v's factors by the reference (:func:`_lanczos_basis`), and whether they are an
+    upper bound. A rank decision in the band float64 cannot resolve raises
+    :class:`NumericalRankError` (``strict``), unless ``resolve``: then, up to
+    ``RATIONAL_MAX_NODES`` nodes, exact rational arithmetic decides (the exact row, not a
+    bound); beyond, or where that arithmetic is out of reach, the ambiguous directions are kept
+    (``strict=False``). Keeping a direction can only enlarge the observer's span, and
+    ``[Pi]_uu = ||Pi e_u||^2`` grows with the span: the row is then an upper bound, never below
+    the exact one."""
+    try:
+        q = _lanczos_basis(ws, start, n, steps, _Ranks(strict, f"observer {v}"))
+        upper = False
+    except NumericalRankError:
+        if not resolve:
+            raise
+        if n <= RATIONAL_MAX_NODES:
+            dense = w.toarray() if sp.issparse(w) else np.asarray(w, dtype=np.float64)
+            schedule = fault_free_steps(dense, steps, False)
+            try:
+                exact = exact_factors_rational(schedule, v, fault_free_received(dense, v, steps))
+                return exact[src], False
+            except ExactTooLargeError:
+                pass
+        q = _lanczos_basis(ws, start, n, steps, _Ranks(False, f"observer {v}"))
+        upper = True
+    qs = q[src]
+    return np.einsum("ij,ij->i", qs, qs), upper
 
 
 #: Below this many nodes the observers run in the calling process (forking costs more than it
@@ -1041,8 +1087,11 @@ def _observers_factors(
 _PARALLEL_MIN_N = 256
 
 
-def _fill_observers(fn, batches: list[list[int]], out: np.ndarray, n: int) -> None:
-    """``out[batch] = fn(batch)`` for every batch of observers (rows of ``out``). On a graph of at
+def _fill_observers(
+    fn, batches: list[list[int]], out: np.ndarray, n: int, marks: np.ndarray
+) -> None:
+    """``out[batch], marks[batch] = fn(batch)`` for every batch of observers (rows of ``out``;
+    ``marks``: 1.0 where that row is an upper bound). On a graph of at
     least ``_PARALLEL_MIN_N`` nodes the batches are spread over one forked child per core
     (:mod:`coordinator_free.forkwork`; scipy's sparse products and its BLAS and LAPACK wrappers
     hold the interpreter lock, so threads shared them poorly), with BLAS held to one thread in
@@ -1051,16 +1100,18 @@ def _fill_observers(fn, batches: list[list[int]], out: np.ndarray, n: int) -> No
     done = forkwork.ticks([len(b) for b in batches], "exact loss, observer")
     if n < _PARALLEL_MIN_N or forkwork.cores() < 2:
         for i, batch in enumerate(batches):
-            out[batch] = fn(batch)
+            out[batch], marks[batch] = fn(batch)
             done(i)
         return
     shared = forkwork.shared_array(out.shape)
+    shared_marks = forkwork.shared_array(marks.shape)
 
     def task(i: int) -> None:
-        shared[batches[i]] = fn(batches[i])
+        shared[batches[i]], shared_marks[batches[i]] = fn(batches[i])
 
     forkwork.fill_numeric(task, len(batches), done=done)
     out[...] = shared
+    marks[...] = shared_marks
 
 
 def _chebyshev_columns(ws, cols: np.ndarray, steps: int, gamma: float):
@@ -1088,6 +1139,7 @@ def plan_factors(
     gamma: float | None = None,
     strict: bool = True,
     symmetry: bool = True,
+    bounds: list[int] | None = None,
 ) -> np.ndarray:
     """Fault-free loss factors ``F[i, j]`` = factor of source ``sources[j]`` towards observer
     ``observers[i]`` (defaults: all nodes), for the fixed symmetric W, ``steps`` = T gossip
@@ -1107,6 +1159,12 @@ def plan_factors(
     ``w`` may be a scipy sparse matrix (a plan past ``graphs.DENSE_MAX_N`` nodes): then every
     path that needs no dense n x n matrix works (exact per observer, the translation-symmetric
     one, Eq. (6) for few observers); the others are refused.
+
+    ``bounds`` (exact, ``strict``): a list to collect the observers whose row is an upper bound.
+    Given, an observer whose rank decision falls in the band float64 cannot resolve does not
+    raise :class:`NumericalRankError`: up to ``RATIONAL_MAX_NODES`` nodes exact rational
+    arithmetic gives its exact row; beyond, its ambiguous directions are kept, an upper bound
+    never below the exact row, and its id is appended to ``bounds`` (:func:`_reference_row`).
     """
     w = _check_w(w)
     n = w.shape[0]
@@ -1122,33 +1180,41 @@ def plan_factors(
     if shift is not None:
         # A vertex-transitive W (hypercube, ring, complete graph): one observer's row gives
         # every row, F[v, u] = F[0, shift(v)[u]], exactly as the losses are equal.
+        first: list[int] | None = None if bounds is None else []
         row = plan_factors(w, steps, accelerated, method=method, observers=[0], gamma=gamma,
-                           strict=strict, symmetry=False)[0]  # fmt: skip
+                           strict=strict, symmetry=False, bounds=first)[0]  # fmt: skip
         out = np.empty((obs.size, src.size))
         for i, v in enumerate(obs.tolist()):
             out[i] = row[shift(v)[src]]
+        if first and bounds is not None:  # every row is observer 0's, moved
+            bounds.extend(obs.tolist())
         return out
     if method == "exact":
         out = np.empty((obs.size, src.size))
+        marks = np.zeros(obs.size)
+        resolve = bounds is not None and strict
         if not _EXACT_FAST:
             for i, v in enumerate(obs.tolist()):
-                ranks = _Ranks(strict, f"observer {v}")
-                q = _lanczos_basis(ws, [v, *_neighbours(w, v)], n, steps, ranks)
-                qs = q[src]
-                out[i] = np.clip(np.einsum("ij,ij->i", qs, qs), 0.0, 1.0)
+                start = [v, *_neighbours(w, v)]
+                row, up = _reference_row(ws, w, v, start, n, steps, src, strict, resolve)
+                out[i], marks[i] = np.clip(row, 0.0, 1.0), float(up)
                 progress.tick(i + 1, obs.size, "exact loss, observer")
-            out[obs[:, None] == src[None, :]] = 1.0
-            return out
-        # The last observers in smaller tasks: the cores finish within one of them.
-        taper = 2 * _LOCAL_BATCH * forkwork.cores()
-        batches = [list(r) for r in forkwork.chunks(obs.size, _LOCAL_BATCH, taper=taper)]
-        _fill_observers(
-            lambda idx: _observers_factors(ws, w, obs[idx].tolist(), n, steps, src, strict),
-            batches,
-            out,
-            n,
-        )
+        else:
+            # The last observers in smaller tasks: the cores finish within one of them.
+            taper = 2 * _LOCAL_BATCH * forkwork.cores()
+            batches = [list(r) for r in forkwork.chunks(obs.size, _LOCAL_BATCH, taper=taper)]
+            _fill_observers(
+                lambda idx: _observers_factors(
+                    ws, w, obs[idx].tolist(), n, steps, src, strict, resolve
+                ),
+                batches,
+                out,
+                n,
+                marks,
+            )
         out[obs[:, None] == src[None, :]] = 1.0
+        if bounds is not None:
+            bounds.extend(obs[marks > 0].tolist())
         return out
     if method == "paper":
         g = (gamma if gamma is not None else _gamma_for(w)) if accelerated else 1.0
@@ -1372,6 +1438,10 @@ def exact_factors(
 
     * Fault-free fixed W, and the observer saw exactly its neighbours' messages at every step:
       block Lanczos on K_T(W, [e_v, e_N(v)]) (any n; same as :func:`plan_factors`).
+      Where a rank decision there falls in the band float64 cannot resolve, up to
+      ``RATIONAL_MAX_NODES`` nodes exact rational arithmetic decides (below); beyond, ``strict``
+      raises :class:`NumericalRankError` and ``strict=False`` keeps the direction (an upper
+      bound).
     * Otherwise: :func:`exact_factors_rational` (exact; at most ``RATIONAL_MAX_NODES`` nodes).
       Larger faulty schedules raise :class:`ExactTooLargeError`; :func:`exact_upper_factors`
       then gives a numerically stable upper bound.
@@ -1383,9 +1453,14 @@ def exact_factors(
     _check_used_observed(ms, observer, rec)
     w = _fixed_w(ms, gs)
     if w is not None and set(rec) == set(fault_free_received(w, observer, len(ms))):
-        return plan_factors(w, len(ms), False, method="exact", observers=[observer], strict=strict)[
-            0
-        ]
+        try:
+            return plan_factors(
+                w, len(ms), False, method="exact", observers=[observer], strict=strict
+            )[0]
+        except NumericalRankError:
+            # A rank decision float64 cannot make: exact arithmetic makes it, where it can.
+            if n > RATIONAL_MAX_NODES:
+                raise
     if n > RATIONAL_MAX_NODES:
         raise ExactTooLargeError(
             f"exact loss of a schedule with faults needs exact arithmetic, supported up to "

@@ -19,7 +19,12 @@ from coordinator_free.privacy import muffliato as acct
 
 
 class AveragingViews(gossip.Views):
-    def plan_factors(self, plan, method: str, *, sources=None, observers=None) -> np.ndarray:
+    def plan_factors(
+        self, plan, method: str, *, sources=None, observers=None, bounds=None
+    ) -> np.ndarray:
+        """The exact rows resolve a rank decision float64 cannot make (exact rational
+        arithmetic up to ``RATIONAL_MAX_NODES`` nodes, else the direction kept: an upper
+        bound, its observer appended to ``bounds``); they never raise for it."""
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
         if getattr(plan, "dropped", ()):
@@ -32,6 +37,7 @@ class AveragingViews(gossip.Views):
             observers=observers,
             sources=sources,
             gamma=plan.gamma if plan.accelerated else None,  # the plan's, not recomputed
+            bounds=[] if bounds is None else bounds,
         )
 
     def realised_factors(self, plan, rp: gossip.Replay, v: int, method: str, notes: list):
@@ -108,19 +114,31 @@ class Schedule:
         else:
             row, upper = self._exact_row(v)
         if upper:
+            why = (
+                "a new direction of its view fell in the band where float64 cannot tell a real "
+                "direction from roundoff, and was kept (an upper bound)"
+                if upper == _AMBIGUOUS
+                else f"n={self.plan.n} with faults: a Krylov upper bound"
+            )
             notes.append(
                 {
                     "observer": v,
                     "kind": "exact-upper-bound",
-                    "message": f"n={self.plan.n} with faults: 'exact' for observer {v} is a "
-                    "Krylov upper bound on the exact loss, not the exact value",
+                    "message": f"'exact' for observer {v} is an upper bound on the exact loss, "
+                    f"not the exact value: {why}",
                 }
             )
         return row
 
-    def _exact_row(self, v: int) -> tuple[np.ndarray, bool]:
+    def _exact_row(self, v: int) -> tuple[np.ndarray, int]:
+        """Observer v's exact row, and 0 (exact), ``_KRYLOV`` or ``_AMBIGUOUS`` (an upper
+        bound, and why)."""
         try:
-            return acct.exact_factors(self.steps, v, self.received[v]), False
+            return acct.exact_factors(self.steps, v, self.received[v]), 0
+        except acct.NumericalRankError:
+            # Past exact arithmetic: the ambiguous directions kept, never below the exact row.
+            row = acct.exact_factors(self.steps, v, self.received[v], strict=False)
+            return row, _AMBIGUOUS
         except acct.ExactTooLargeError:
             # Faulty schedule beyond exact arithmetic: a provable upper bound instead.
             if self._span is None:
@@ -128,7 +146,7 @@ class Schedule:
             upper = acct.exact_upper_factors(
                 self.plan.W, self.steps, v, self.received[v], span=self._span
             )
-            return upper, True
+            return upper, _KRYLOV
 
     def prepare(self, observers: list[int]) -> None:
         """Every observer's exact row ahead of :meth:`factors`, past exact arithmetic (where each
@@ -154,8 +172,11 @@ class Schedule:
         done = forkwork.ticks([len(t) for t in tasks], "exact loss, observer")
         forkwork.fill_numeric(task, len(tasks), done=done)
         for j, v in enumerate(todo):
-            self._exact[v] = (np.array(rows[j]), bool(upper[j]))
+            self._exact[v] = (np.array(rows[j]), int(upper[j]))
 
 
 #: Observers per task of :meth:`Schedule.prepare`.
 _PREPARE_TASK = 8
+#: Why an exact row of :meth:`Schedule._exact_row` is an upper bound: a faulty schedule past
+#: exact arithmetic (the Krylov bound), or a rank decision float64 cannot make (kept).
+_KRYLOV, _AMBIGUOUS = 1, 2

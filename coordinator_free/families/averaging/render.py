@@ -64,7 +64,7 @@ def print_gossip_plan(
     if rep.get("source") is not None:
         rows = [
             [
-                str(x["observer"]),
+                str(x["observer"]) + ("+" if x.get("upper_bound") else ""),
                 str(x["distance"]),
                 fmt(x["factor"]),
                 capped(x, "rdp"),

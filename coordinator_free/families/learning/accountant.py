@@ -44,7 +44,9 @@ class LearningViews(gossip.Views):
             return secret.bind_logged(plan, logs)  # hidden graphs: as the logs show them
         return plan, []
 
-    def plan_factors(self, plan, method: str, *, sources=None, observers=None) -> np.ndarray:
+    def plan_factors(
+        self, plan, method: str, *, sources=None, observers=None, bounds=None
+    ) -> np.ndarray:
         """Fault-free factors ``F[i, j]`` of source ``sources[j]`` towards ``observers[i]``,
         summed over rounds."""
         if method not in METHODS:

@@ -43,7 +43,9 @@ class RandomizedViews(gossip.Views):
             "cor2_mean_factor_max": float(tv.max()) / plan.n,
         }
 
-    def plan_factors(self, plan, method: str, *, sources=None, observers=None) -> np.ndarray:
+    def plan_factors(
+        self, plan, method: str, *, sources=None, observers=None, bounds=None
+    ) -> np.ndarray:
         """Fault-free: the public exchange sequence, each observer's messages."""
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")

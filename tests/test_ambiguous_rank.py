@@ -1,0 +1,126 @@
+"""A rank decision float64 cannot make, in the exact plan of a graph without symmetry.
+
+Random geometric graphs put some observers' Krylov spaces at a new direction of relative size
+between ``DROP_TOL`` and ``KEEP_TOL`` (1e-10 .. 1e-7), where float64 cannot tell a real
+direction from roundoff. ``plan_factors(strict=True)`` raises for them, as before; the accountant
+resolves them instead (``bounds``): exact rational arithmetic up to ``RATIONAL_MAX_NODES``
+nodes (the exact row, no mark), and beyond it the direction kept, an upper bound that is marked
+in the report and in the audit's floor. Both cases come from the configs ``cfree plan`` and
+``cfree run`` take (``graph.kind = "geometric"``), which used to stop with a traceback."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import coordinator_free.privacy.muffliato as mf
+from coordinator_free import config as config_mod
+from coordinator_free.accounting import audit
+from coordinator_free.cli import main as cli_main
+from coordinator_free.families import family_of
+
+SMALL = ["graph.kind=geometric", "graph.nodes=48", "graph.radius=0.3"]  # observer 2
+LARGE = ["graph.kind=geometric", "graph.nodes=96", "graph.radius=0.25"]  # observer 16
+
+
+def plan_of(sets):
+    cfg = config_mod.load(None, sets)
+    return cfg, family_of(cfg.protocol.name).make_plan(cfg)
+
+
+def test_small_graph_resolves_by_exact_arithmetic():
+    _, plan = plan_of(SMALL)
+    w, steps = np.asarray(plan.W), plan.steps
+    with pytest.raises(mf.NumericalRankError, match="observer 2"):
+        mf.plan_factors(w, steps, False, method="exact", observers=[2])
+    bounds: list[int] = []
+    row = mf.plan_factors(w, steps, False, method="exact", observers=[2], bounds=bounds)[0]
+    exact = mf.exact_factors_rational(
+        mf.fault_free_steps(w, steps, False), 2, mf.fault_free_received(w, 2, steps)
+    )
+    exact[2] = 1.0
+    assert bounds == []  # exact, not a bound
+    assert np.array_equal(row, np.clip(exact, 0.0, 1.0))
+    # What keeping the direction would have given: never below the exact row, and here above
+    # it for some source (so the rational path is worth its cost where it is possible).
+    kept = mf.plan_factors(w, steps, False, method="exact", observers=[2], strict=False)[0]
+    assert np.all(kept >= exact - 1e-12)
+    assert np.any(kept > exact + 1e-6)
+    # The audit's own exact rows of a fault-free schedule resolve the same way.
+    got = mf.exact_factors(
+        mf.fault_free_steps(w, steps, False), 2, mf.fault_free_received(w, 2, steps)
+    )
+    assert np.allclose(got, exact, rtol=0, atol=1e-12)
+
+
+def test_large_graph_keeps_the_direction_and_marks_it():
+    _, plan = plan_of(LARGE)
+    w, steps = np.asarray(plan.W), plan.steps
+    with pytest.raises(mf.NumericalRankError, match="observer 16"):
+        mf.plan_factors(w, steps, False, method="exact", observers=[16])
+    bounds: list[int] = []
+    obs = [15, 16, 17]
+    rows = mf.plan_factors(w, steps, False, method="exact", observers=obs, bounds=bounds)
+    assert bounds == [16]
+    kept = mf.plan_factors(w, steps, False, method="exact", observers=obs, strict=False)
+    assert np.array_equal(rows, kept)  # the bound is the row with the direction kept
+    # Through the fast path's forked children too (observers in tasks of their own).
+    old = mf._PARALLEL_MIN_N
+    mf._PARALLEL_MIN_N = 1
+    try:
+        bounds2: list[int] = []
+        rows2 = mf.plan_factors(w, steps, False, method="exact", bounds=bounds2)
+    finally:
+        mf._PARALLEL_MIN_N = old
+    assert 16 in bounds2
+    assert np.array_equal(rows2[obs], rows)
+
+
+def test_plan_report_marks_the_bounded_observers(capsys):
+    rc = cli_main(["plan", *sum((["--set", s] for s in LARGE), []), "--method", "exact",
+                   "--source", "0", "--json"])  # fmt: skip
+    assert rc in (0, None)
+    rep = json.loads(capsys.readouterr().out)
+    assert 16 in rep["upper_bounds"]
+    marked = {e["observer"] for e in rep["losses"] if e.get("upper_bound")}
+    assert marked == set(rep["upper_bounds"]) - {0}
+    assert "upper bound" in rep["accounting"]
+    rc = cli_main(["plan", *sum((["--set", s] for s in LARGE), []), "--method", "exact",
+                   "--source", "0"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "\n     16+ " in out and "upper bound" in out
+
+
+def test_all_pairs_report_and_the_audit_floor_carry_the_marks():
+    cfg, plan = plan_of(LARGE)
+    fam = family_of(cfg.protocol.name)
+    rep = audit.plan_report(cfg, source=None, method="exact")
+    assert 16 in rep["upper_bounds"]
+    planned = fam.planned_losses(cfg, plan, [16, 17])
+    exact16 = [e for (_, m), e in planned[16].items() if m == "exact"]
+    assert len(exact16) == plan.n - 1 and all(e.get("upper_bound") for e in exact16)
+    # Only the exact rows of that observer: Eq. (6) has no rank to decide.
+    assert not any(e.get("upper_bound") for (_, m), e in planned[16].items() if m == "paper")
+    assert not any(e.get("upper_bound") for e in planned[17].values())
+
+
+def test_audit_of_a_geometric_run_is_exact_where_float64_hesitates(tmp_path):
+    """The audit of a fault-free run of the small graph (its logs replayed with the general
+    computation, n <= 64) gives observer 2 the exact rational row, with no upper-bound note."""
+    from memrun import write_run_dir
+
+    from coordinator_free.inmemory import run_config
+
+    cfg, plan = plan_of(SMALL)
+    out = write_run_dir(cfg, run_config(cfg, None, seed=3), tmp_path / "run")
+    rep = audit.audit_run(out)
+    assert not any(n.get("kind") == "exact-upper-bound" for n in rep.get("notes", []))
+    w, steps = np.asarray(plan.W), plan.steps
+    exact = mf.exact_factors_rational(
+        mf.fault_free_steps(w, steps, False), 2, mf.fault_free_received(w, 2, steps)
+    )
+    two = next(o for o in rep["observers"] if o["observer"] == 2)
+    got = {x["source"]: x["factor"] for x in two["losses"] if x["method"] == "exact"}
+    assert got and all(abs(got[u] - exact[u]) <= 1e-12 for u in got)
