@@ -124,3 +124,29 @@ def test_audit_of_a_geometric_run_is_exact_where_float64_hesitates(tmp_path):
     two = next(o for o in rep["observers"] if o["observer"] == 2)
     got = {x["source"]: x["factor"] for x in two["losses"] if x["method"] == "exact"}
     assert got and all(abs(got[u] - exact[u]) <= 1e-12 for u in got)
+
+
+def test_coalitions_resolve_the_same_way():
+    """``cfree plan --observers``: a coalition of one is that observer's view (the small graph:
+    the exact rational row); a coalition past exact arithmetic keeps the direction and says so in
+    its notes."""
+    from coordinator_free.families.averaging import coalition
+
+    cfg, plan = plan_of(SMALL)
+    with pytest.raises(mf.NumericalRankError):
+        mf.coalition_factors(np.asarray(plan.W), plan.steps, [2])
+    w, steps = np.asarray(plan.W), plan.steps
+    exact = mf.exact_factors_rational(
+        mf.fault_free_steps(w, steps, False), 2, mf.fault_free_received(w, 2, steps)
+    )
+    exact[2] = 1.0
+    notes: list = []
+    got = coalition.plan_factors(plan, [2], notes)
+    assert notes == [] and np.allclose(got, exact, rtol=0, atol=1e-12)
+
+    cfg, plan = plan_of(LARGE)
+    rep = coalition.plan_report(cfg, plan, [45, 93])
+    assert [n["kind"] for n in rep["notes"]] == ["exact-upper-bound"]
+    kept = mf.coalition_factors(np.asarray(plan.W), plan.steps, [45, 93], strict=False)
+    got = {r["source"]: r["factor"] for r in rep["losses"]}
+    assert got and all(abs(got[u] - kept[u]) <= 1e-12 for u in got)

@@ -1307,7 +1307,9 @@ def coalition_exact_factors(
     """Exact loss factors of every source towards a coalition's joint view for a realised
     schedule (``received``: member -> the messages (t, x) it got), shape (n,); members get 1.
 
-    Fault-free on a fixed W: :func:`coalition_factors` (any n). Otherwise the rows of every
+    Fault-free on a fixed W: :func:`coalition_factors` (any n; up to ``RATIONAL_MAX_NODES``
+    nodes a rank decision float64 cannot make goes to the exact arithmetic below instead of
+    raising :class:`NumericalRankError`). Otherwise the rows of every
     message any member got are reduced exactly over the coordinates of the non-members (each
     member knows its own noise), as :func:`exact_factors_rational` does for one observer; more
     than ``RATIONAL_MAX_NODES`` nodes raise :class:`ExactTooLargeError`
@@ -1323,7 +1325,12 @@ def coalition_exact_factors(
         rec.update(mine)
     w = _fixed_w(ms, gs)
     if w is not None and rec == coalition_received(w, members, len(ms)):
-        return coalition_factors(w, len(ms), members, strict=strict)
+        try:
+            return coalition_factors(w, len(ms), members, strict=strict)
+        except NumericalRankError:
+            # A rank decision float64 cannot make: exact arithmetic makes it, where it can.
+            if n > RATIONAL_MAX_NODES:
+                raise
     if n > RATIONAL_MAX_NODES:
         raise ExactTooLargeError(
             f"exact loss of a coalition under a schedule with faults needs exact arithmetic, "

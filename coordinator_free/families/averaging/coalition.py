@@ -35,10 +35,26 @@ def _check_plan(plan) -> None:
         )
 
 
+def _ambiguous(plan, members, notes: list) -> np.ndarray:
+    """The fault-free joint view's factors with a direction float64 cannot size kept (past
+    exact arithmetic): the span only grows, so an upper bound, and a note that says so."""
+    notes.append(
+        {
+            "kind": "exact-upper-bound",
+            "message": "a new direction of the coalition's view fell in the band where float64 "
+            "cannot tell a real direction from roundoff, and was kept: its 'exact' loss is an "
+            "upper bound on the exact value",
+        }
+    )
+    return acct.coalition_factors(plan.W, plan.steps, members, strict=False)
+
+
 def _schedule_factors(plan, steps, members, received, notes: list) -> np.ndarray:
     try:
         try:
             return acct.coalition_exact_factors(steps, members, received)
+        except acct.NumericalRankError:  # fault-free, past exact arithmetic
+            return _ambiguous(plan, members, notes)
         except acct.ExactTooLargeError:
             notes.append(
                 {
@@ -58,12 +74,26 @@ def plan_factors(plan, members: list[int], notes: list | None = None) -> np.ndar
     planned schedule)."""
     _check_plan(plan)
     if not getattr(plan, "dropped", ()):
-        return acct.coalition_factors(plan.W, plan.steps, members)
+        try:
+            return acct.coalition_factors(plan.W, plan.steps, members)
+        except acct.NumericalRankError:
+            if plan.n > acct.RATIONAL_MAX_NODES:
+                return _ambiguous(plan, members, notes if notes is not None else [])
+            # Exact arithmetic decides (the fault-free schedule, as every member hears it).
+            w = np.asarray(plan.W, dtype=np.float64)
+            heard = {a: acct.fault_free_received(w, a, plan.steps) for a in members}
+            return acct.coalition_exact_factors(
+                acct.fault_free_steps(w, plan.steps, False), members, heard
+            )
     received = {
         a: [(t, w) for t in range(plan.steps) for w in plan.partners_at(a, t)] for a in members
     }
     return _schedule_factors(
-        plan, averaging_views.planned_schedule(plan), members, received, notes or []
+        plan,
+        averaging_views.planned_schedule(plan),
+        members,
+        received,
+        notes if notes is not None else [],
     )
 
 
