@@ -140,11 +140,12 @@ class Schedule:
             row = acct.exact_factors(self.steps, v, self.received[v], strict=False)
             return row, _AMBIGUOUS
         except acct.ExactTooLargeError:
-            # Faulty schedule beyond exact arithmetic: a provable upper bound instead.
+            # Faulty schedule beyond exact arithmetic: a provable upper bound instead (a
+            # direction float64 cannot size is kept there: the span, and the bound, only grow).
             if self._span is None:
-                self._span = acct.fault_span(self.plan.W, self.steps)
+                self._span = acct.fault_span(self.plan.W, self.steps, strict=False)
             upper = acct.exact_upper_factors(
-                self.plan.W, self.steps, v, self.received[v], span=self._span
+                self.plan.W, self.steps, v, self.received[v], span=self._span, strict=False
             )
             return upper, _KRYLOV
 
@@ -159,7 +160,7 @@ class Schedule:
         from coordinator_free import forkwork
 
         if self._span is None:  # once, before the fork: every child needs it
-            self._span = acct.fault_span(self.plan.W, self.steps)
+            self._span = acct.fault_span(self.plan.W, self.steps, strict=False)
         rows = forkwork.shared_array((len(todo), self.plan.n))
         upper = forkwork.shared_array((len(todo),))
         tasks = forkwork.chunks(len(todo), _PREPARE_TASK)
