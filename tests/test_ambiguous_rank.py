@@ -55,7 +55,7 @@ def test_small_graph_resolves_by_exact_arithmetic():
     assert np.allclose(got, exact, rtol=0, atol=1e-12)
 
 
-def test_large_graph_keeps_the_direction_and_marks_it():
+def test_large_graph_keeps_the_direction_and_marks_it(monkeypatch):
     _, plan = plan_of(LARGE)
     w, steps = np.asarray(plan.W), plan.steps
     with pytest.raises(mf.NumericalRankError, match="observer 16"):
@@ -66,14 +66,12 @@ def test_large_graph_keeps_the_direction_and_marks_it():
     assert bounds == [16]
     kept = mf.plan_factors(w, steps, False, method="exact", observers=obs, strict=False)
     assert np.array_equal(rows, kept)  # the bound is the row with the direction kept
-    # Through the fast path's forked children too (observers in tasks of their own).
-    old = mf._PARALLEL_MIN_N
-    mf._PARALLEL_MIN_N = 1
-    try:
-        bounds2: list[int] = []
-        rows2 = mf.plan_factors(w, steps, False, method="exact", bounds=bounds2)
-    finally:
-        mf._PARALLEL_MIN_N = old
+    # Through the fast path's forked children too (observers in tasks of their own, two
+    # children whatever the machine has).
+    monkeypatch.setattr(mf, "_PARALLEL_MIN_N", 1)
+    monkeypatch.setattr(mf.forkwork, "cores", lambda: 2)
+    bounds2: list[int] = []
+    rows2 = mf.plan_factors(w, steps, False, method="exact", bounds=bounds2)
     assert 16 in bounds2
     assert np.array_equal(rows2[obs], rows)
 
@@ -150,3 +148,66 @@ def test_coalitions_resolve_the_same_way():
     kept = mf.coalition_factors(np.asarray(plan.W), plan.steps, [45, 93], strict=False)
     got = {r["source"]: r["factor"] for r in rep["losses"]}
     assert got and all(abs(got[u] - kept[u]) <= 1e-12 for u in got)
+
+
+def test_every_accountant_path_says_which_rows_are_bounds(tmp_path):
+    """The paths that read plan rows besides ``cfree plan --source``: the all-pairs summary,
+    the audit of a fault-free run past the general computation (the plan's rows are used
+    there), calibration, and a dropout plan past exact arithmetic (its Krylov bounds)."""
+    from memrun import write_run_dir
+
+    from coordinator_free.inmemory import run_config
+
+    cfg, plan = plan_of(LARGE)
+    fam = family_of(cfg.protocol.name)
+    # All pairs: the summary's entries whose observer is bounded are marked.
+    rep = audit.plan_report(cfg, source=None, method="exact")
+    upper = set(rep["upper_bounds"])
+    for key in ("worst_pair", "max_observer_mean"):
+        assert bool(rep[key].get("upper_bound")) == (rep[key]["observer"] in upper)
+    assert any(rep[k].get("upper_bound") for k in ("worst_pair", "max_observer_mean"))
+    # The audit of a fault-free run of 96 nodes reads the plan's rows: observer 16's exact
+    # entries are marked and a note names it; observer 15's are not.
+    out = write_run_dir(cfg, run_config(cfg, None, seed=3), tmp_path / "run")
+    got = fam.audit(out, cfg, plan, [15, 16])
+    kinds = {(n.get("observer"), n.get("kind")) for n in got["notes"]}
+    assert (16, "exact-upper-bound") in kinds and (15, "exact-upper-bound") not in kinds
+    by = {o["observer"]: o["losses"] for o in got["observers"]}
+    assert all(x.get("upper_bound") for x in by[16] if x["method"] == "exact")
+    assert not any(x.get("upper_bound") for x in by[16] if x["method"] == "paper")
+    assert not any(x.get("upper_bound") for x in by[15])
+    # Calibration on those rows: its binding pair and the note say so where they rest on one.
+    cal = fam.calibrate(cfg, 3.0, method="exact", budget="worst")
+    assert cal["upper_bounds"] and "upper bound" in cal["accounting"]
+    assert bool(cal["binding"].get("upper_bound")) == (
+        cal["binding"]["observer"] in set(cal["upper_bounds"])
+    )
+    # A dropout plan past exact arithmetic: its Krylov-bounded observers are listed too.
+    dcfg = config_mod.load(None, [*LARGE, "graph.nodes=80", 'faults.inject=["dropout:0.1"]'])
+    dplan = family_of(dcfg.protocol.name).make_plan(dcfg)
+    drep = audit.plan_report(dcfg, source=0, method="exact")
+    marked = {e["observer"] for e in drep["losses"] if e.get("upper_bound")}
+    assert drep["upper_bounds"] and marked == set(drep["upper_bounds"]) - {0}
+    assert dplan.n == 80
+
+
+def test_block_product_refuses_what_it_cannot_do_right():
+    """Another sparse format takes scipy's product; wrong shapes are refused before the
+    routine could read past a buffer."""
+    import scipy.sparse as sp
+
+    ws = sp.csr_matrix(sp.random(50, 50, density=0.1, random_state=1) + sp.eye(50))
+    x = np.random.default_rng(2).standard_normal((50, 3))
+    out = np.empty((50, 3))
+    mf._block_product(ws.tocsc())(x, out)
+    assert np.array_equal(out, ws.tocsc() @ x)
+    product = mf._block_product(ws)
+    with pytest.raises(ValueError, match="do not fit"):
+        product(x[:40], out)
+    with pytest.raises(ValueError, match="do not fit"):
+        product(x, np.empty((50, 2)))
+    big = sp.csr_matrix(ws)
+    big.indices = big.indices.astype(np.int64)
+    big.indptr = big.indptr.astype(np.int64)
+    mf._block_product(big)(x, out)
+    assert np.array_equal(out, ws @ x)

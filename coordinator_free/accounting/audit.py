@@ -324,6 +324,7 @@ def floor(rep: dict, fam, cfg, plan, wanted: list[int], *, failed: bool = False)
         return rep
     general = "audit-failed" if failed else ELSEWHERE
     out = []
+    from_bounds: list[int] = []  # observers given a figure from an upper-bound plan row
     for v in wanted:
         own = ", ".join(kinds_of.get(v, []))
         if v in worst_obs:
@@ -351,9 +352,21 @@ def floor(rep: dict, fam, cfg, plan, wanted: list[int], *, failed: bool = False)
                 continue
             x["basis"] = basis
             x["why"] = why
+            if x.get("upper_bound") and (not from_bounds or from_bounds[-1] != v):
+                from_bounds.append(v)
         o["losses"].sort(key=lambda x: (x.get("source", -1), str(x.get("method"))))
         out.append(o)
     rep["observers"] = out
+    for v in from_bounds:  # said where every reader of an audit looks, not on the entries only
+        rep.setdefault("notes", []).append(
+            {
+                "observer": v,
+                "kind": "exact-upper-bound",
+                "message": f"observer {v}'s figures floored at the plan come from an upper bound "
+                "on its exact plan row (a direction float64 cannot size, kept): at least the "
+                "exact loss, not the exact value (entries marked upper_bound)",
+            }
+        )
     _floor_headlines(rep, fam, cfg, plan, general)
     rep["conservative"] = True
     rep["fault_free"] = False

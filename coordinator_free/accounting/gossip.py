@@ -139,18 +139,41 @@ def plan_report(views: Views, cfg, plan, *, source: int | None, method: str) -> 
             if v != source
         ]
         return {**base, "source": source, "losses": losses}
-    return {**base, "source": None, **summarise(views, plan, F, convert)}
+    return {**base, "source": None, **mark_summary(summarise(views, plan, F, convert), upper)}
+
+
+def mark_summary(rep: dict, upper: set[int]) -> dict:
+    """An all-pairs summary with the observers of ``upper`` (upper-bound rows) said: its worst
+    pair and its largest observer mean marked where their observer is one."""
+    for key in ("worst_pair", "max_observer_mean"):
+        entry = rep.get(key)
+        if isinstance(entry, dict) and entry.get("observer") in upper:
+            entry["upper_bound"] = True
+    return rep
 
 
 def bounds_note(upper: set[int], n: int) -> str:
     """Why the rows of ``upper`` are upper bounds (:meth:`Views.plan_factors`)."""
     some = ", ".join(map(str, sorted(upper)[:12])) + (", ..." if len(upper) > 12 else "")
     return (
-        f"'exact' for {len(upper)} of {n} observers ({some}) is an upper bound: a new direction "
-        "of their views fell in the band where float64 cannot tell a real direction from "
-        "roundoff, and was kept (it can only raise their loss); their entries say "
-        "upper_bound (observer marked + in the table)"
+        f"'exact' for {len(upper)} of {n} observers ({some}) is an upper bound on their exact "
+        "loss, not the exact value: a new direction of their views fell in the band where "
+        "float64 cannot tell a real direction from roundoff and was kept, or their schedule is "
+        "past exact arithmetic and was bounded through its Krylov space; either can only raise "
+        "their loss, and their entries say upper_bound (a one-source table marks them +)"
     )
+
+
+def ambiguous_note(v: int) -> dict:
+    """The audit's note for an observer whose exact row is an upper bound because a direction
+    float64 cannot size was kept."""
+    return {
+        "observer": v,
+        "kind": "exact-upper-bound",
+        "message": f"'exact' for observer {v} is an upper bound on the exact loss, not the exact "
+        "value: a new direction of its view fell in the band where float64 cannot tell a real "
+        "direction from roundoff, and was kept (it can only raise the loss)",
+    }
 
 
 def _marked(entry: dict, upper: bool) -> dict:
@@ -353,9 +376,12 @@ def audit_run(views: Views, run_dir: Path, cfg, plan, observers: list[int] | Non
     wanted = sorted(rp.logged) if observers is None else [v for v in observers if v in rp.logged]
     use_plan = rp.fault_free and plan.n > GENERAL_AUDIT_MAX_N
     factors: dict[str, np.ndarray] = {}
+    bounded: dict[str, set[int]] = {}
     if use_plan:
         for m in METHODS:
-            factors[m] = views.plan_factors(plan, m, observers=wanted)
+            bounds: list[int] = []
+            factors[m] = views.plan_factors(plan, m, observers=wanted, bounds=bounds)
+            bounded[m] = set(bounds)
     else:
         views.prepare(plan, rp, wanted)
     out_obs = []
@@ -368,6 +394,8 @@ def audit_run(views: Views, run_dir: Path, cfg, plan, observers: list[int] | Non
             progress.tick(i * len(METHODS) + k, len(wanted) * len(METHODS), f"{m} loss, observer")
             if use_plan:
                 per_method[m] = factors[m][i]
+                if v in bounded[m]:
+                    mine.append(ambiguous_note(v))
             else:
                 per_method[m] = views.realised_factors(plan, rp, v, m, mine)
         found.append((per_method, mine))
@@ -382,7 +410,11 @@ def audit_run(views: Views, run_dir: Path, cfg, plan, observers: list[int] | Non
     with loss.warmed(curves[True], curves[False], u.delta):
         for v, (per_method, mine) in zip(wanted, found, strict=True):
             notes.extend(mine)
-            out_obs.append(_observer_losses(plan, u, v, per_method, made, notes))
+            seen = _observer_losses(plan, u, v, per_method, made, notes)
+            for x in seen["losses"]:  # an upper-bound row, said on each of its entries
+                if v in bounded.get(x.get("method"), ()):
+                    x["upper_bound"] = True
+            out_obs.append(seen)
     progress.tick(len(wanted) * len(METHODS), len(wanted) * len(METHODS), "paper loss, observer")
     return {
         **audit_head(run_dir, cfg.protocol.name, plan, steps=plan.steps, fault_free=rp.fault_free),
@@ -447,13 +479,16 @@ def calibrate(views: Views, cfg, target_eps: float, *, method: str, budget: str,
     bisection on log sigma finds the calibration to a relative 1e-9.
     """
     cache: dict[tuple, np.ndarray] = {}
+    bounded: dict[tuple, set[int]] = {}
 
     def at(sigma: float):
         c = dataclasses.replace(cfg, privacy=dataclasses.replace(cfg.privacy, sigma=sigma))
         plan = make_plan(c)
         key = (plan.steps, getattr(plan, "gossip_steps", None))
         if key not in cache:
-            F = views.plan_factors(plan, method)
+            bounds: list[int] = []
+            F = views.plan_factors(plan, method, bounds=bounds)
+            bounded[key] = set(bounds)
             # A paper formula above local DP is not a usable bound there: local DP is.
             cache[key] = np.minimum(F, views.ldp_factor(plan)) if method == "paper" else F
         f, u, v = budget_factor(cache[key], budget)
@@ -465,6 +500,10 @@ def calibrate(views: Views, cfg, target_eps: float, *, method: str, budget: str,
     worst_f, wu, wv = budget_factor(F, "worst")
     mean_f = budget_factor(F, "mean")[0]
     convert = units_of(plan).method(method)
+    upper = bounded[(plan.steps, getattr(plan, "gossip_steps", None))]
+    note = views.note(plan)
+    if upper:  # the calibration rests on upper bounds there: sigma errs high, never low
+        note = "; ".join(x for x in (note, bounds_note(upper, plan.n)) if x)
     return {
         "protocol": cfg.protocol.name,
         "method": method,
@@ -476,12 +515,13 @@ def calibrate(views: Views, cfg, target_eps: float, *, method: str, budget: str,
         "steps": plan.steps,
         "eps": eps,
         "binding": (
-            convert(f).entry(source=u, observer=v)
+            _marked(convert(f).entry(source=u, observer=v), v in upper)
             if budget == "worst"
-            else convert(f).entry(mean_over_pairs=True)
+            else _marked(convert(f).entry(mean_over_pairs=True), bool(upper))
         ),
-        "worst_pair": convert(worst_f).entry(source=wu, observer=wv),
-        "mean_over_pairs": convert(mean_f).entry(),
+        "worst_pair": _marked(convert(worst_f).entry(source=wu, observer=wv), wv in upper),
+        "mean_over_pairs": _marked(convert(mean_f).entry(), bool(upper)),
         "ldp": ldp_entry(views, plan, method),
-        "accounting": views.note(plan),
+        "accounting": note,
+        **({"upper_bounds": sorted(upper)} if upper else {}),
     }

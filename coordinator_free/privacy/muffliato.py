@@ -929,7 +929,7 @@ def _block_product(ws: sp.csr_matrix):
         matvecs = _sparsetools.csr_matvecs
     except (ImportError, AttributeError):  # pragma: no cover - another scipy layout
         matvecs = None
-    if matvecs is None or ws.dtype != np.float64:
+    if matvecs is None or ws.dtype != np.float64 or ws.format != "csr":
 
         def plain(x: np.ndarray, out: np.ndarray) -> None:
             out[...] = ws @ x
@@ -939,8 +939,10 @@ def _block_product(ws: sp.csr_matrix):
     indptr, indices, data = ws.indptr, ws.indices, ws.data
 
     def product(x: np.ndarray, out: np.ndarray) -> None:
-        if not out.flags.c_contiguous:  # its flat view would be a copy, and the sums lost
-            raise ValueError("the product's output must be C-contiguous")
+        if x.ndim != 2 or x.shape[0] != cols or out.shape != (rows, x.shape[1]):
+            raise ValueError(f"shapes {x.shape} -> {out.shape} do not fit a {rows} x {cols} matrix")
+        if not out.flags.c_contiguous or out.dtype != np.float64:  # else the sums are lost
+            raise ValueError("the product's output must be a C-contiguous float64 array")
         out.fill(0.0)  # the routine adds to it
         flat = np.ascontiguousarray(x, dtype=np.float64).reshape(-1)
         matvecs(rows, cols, x.shape[1], indptr, indices, data, flat, out.reshape(-1))

@@ -22,13 +22,15 @@ class AveragingViews(gossip.Views):
     def plan_factors(
         self, plan, method: str, *, sources=None, observers=None, bounds=None
     ) -> np.ndarray:
-        """The exact rows resolve a rank decision float64 cannot make (exact rational
-        arithmetic up to ``RATIONAL_MAX_NODES`` nodes, else the direction kept: an upper
-        bound, its observer appended to ``bounds``); they never raise for it."""
+        """Given ``bounds`` (every caller of the accountant gives one), the exact rows resolve
+        a rank decision float64 cannot make (exact rational arithmetic up to
+        ``RATIONAL_MAX_NODES`` nodes, else the direction kept: an upper bound, its observer
+        appended to ``bounds``); without it such a row raises ``NumericalRankError``, so that
+        no caller can show a bound unmarked."""
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
         if getattr(plan, "dropped", ()):
-            return _dropout_plan_factors(plan, method, sources, observers)
+            return _dropout_plan_factors(plan, method, sources, observers, bounds)
         return acct.plan_factors(
             plan.W,
             plan.steps,
@@ -37,7 +39,7 @@ class AveragingViews(gossip.Views):
             observers=observers,
             sources=sources,
             gamma=plan.gamma if plan.accelerated else None,  # the plan's, not recomputed
-            bounds=[] if bounds is None else bounds,
+            bounds=bounds,
         )
 
     def realised_factors(self, plan, rp: gossip.Replay, v: int, method: str, notes: list):
@@ -77,9 +79,10 @@ def planned_schedule(plan) -> list[tuple[np.ndarray, float]]:
     return steps
 
 
-def _dropout_plan_factors(plan, method: str, sources, observers) -> np.ndarray:
+def _dropout_plan_factors(plan, method: str, sources, observers, bounds=None) -> np.ndarray:
     """Muffliato with public dropout: each observer's loss for the planned schedule (who sits
-    out when is known to all), as the audit computes it for a realised one."""
+    out when is known to all), as the audit computes it for a realised one; an observer whose
+    row is an upper bound (its notes say so) is appended to ``bounds``."""
     steps = planned_schedule(plan)
     obs = range(plan.n) if observers is None else observers
     src = slice(None) if sources is None else list(sources)
@@ -87,7 +90,13 @@ def _dropout_plan_factors(plan, method: str, sources, observers) -> np.ndarray:
     work = Schedule(plan, steps, received)
     if method == "exact":
         work.prepare(list(obs))
-    return np.stack([work.factors(v, method, [])[src] for v in obs])
+    rows = []
+    for v in obs:
+        notes: list = []
+        rows.append(work.factors(v, method, notes)[src])
+        if bounds is not None and any(n.get("kind") == "exact-upper-bound" for n in notes):
+            bounds.append(v)
+    return np.stack(rows)
 
 
 class Schedule:
@@ -113,19 +122,17 @@ class Schedule:
             row, upper = self._exact[v]
         else:
             row, upper = self._exact_row(v)
-        if upper:
-            why = (
-                "a new direction of its view fell in the band where float64 cannot tell a real "
-                "direction from roundoff, and was kept (an upper bound)"
-                if upper == _AMBIGUOUS
-                else f"n={self.plan.n} with faults: a Krylov upper bound"
-            )
+        if upper == _AMBIGUOUS:
+            notes.append(gossip.ambiguous_note(v))
+        elif upper:
             notes.append(
                 {
                     "observer": v,
                     "kind": "exact-upper-bound",
                     "message": f"'exact' for observer {v} is an upper bound on the exact loss, "
-                    f"not the exact value: {why}",
+                    f"not the exact value: n={self.plan.n}, a schedule beyond exact arithmetic "
+                    "(faults, or a fault-free one whose coefficients outgrow it): a Krylov upper "
+                    "bound",
                 }
             )
         return row

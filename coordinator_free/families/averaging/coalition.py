@@ -69,22 +69,32 @@ def _schedule_factors(plan, steps, members, received, notes: list) -> np.ndarray
         return np.ones(plan.n)
 
 
+def fault_free_factors(plan, members: list[int], notes: list) -> np.ndarray:
+    """The coalition's exact factors on the fault-free schedule of ``plan.W``. A rank decision
+    float64 cannot make goes to exact arithmetic up to ``RATIONAL_MAX_NODES`` nodes; beyond,
+    or past that arithmetic's budget, the direction is kept (an upper bound, noted)."""
+    try:
+        return acct.coalition_factors(plan.W, plan.steps, members)
+    except acct.NumericalRankError:
+        if plan.n > acct.RATIONAL_MAX_NODES:
+            return _ambiguous(plan, members, notes)
+    # Exact arithmetic decides (the fault-free schedule, as every member hears it).
+    w = np.asarray(plan.W, dtype=np.float64)
+    heard = {a: acct.fault_free_received(w, a, plan.steps) for a in members}
+    try:
+        return acct.coalition_exact_factors(
+            acct.fault_free_steps(w, plan.steps, False), members, heard
+        )
+    except acct.ExactTooLargeError:  # coefficients past exact arithmetic's budget
+        return _ambiguous(plan, members, notes)
+
+
 def plan_factors(plan, members: list[int], notes: list | None = None) -> np.ndarray:
     """The coalition's exact factors under the fault-free plan (with public dropout: the
     planned schedule)."""
     _check_plan(plan)
     if not getattr(plan, "dropped", ()):
-        try:
-            return acct.coalition_factors(plan.W, plan.steps, members)
-        except acct.NumericalRankError:
-            if plan.n > acct.RATIONAL_MAX_NODES:
-                return _ambiguous(plan, members, notes if notes is not None else [])
-            # Exact arithmetic decides (the fault-free schedule, as every member hears it).
-            w = np.asarray(plan.W, dtype=np.float64)
-            heard = {a: acct.fault_free_received(w, a, plan.steps) for a in members}
-            return acct.coalition_exact_factors(
-                acct.fault_free_steps(w, plan.steps, False), members, heard
-            )
+        return fault_free_factors(plan, members, notes if notes is not None else [])
     received = {
         a: [(t, w) for t in range(plan.steps) for w in plan.partners_at(a, t)] for a in members
     }
