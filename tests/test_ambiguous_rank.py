@@ -211,3 +211,27 @@ def test_block_product_refuses_what_it_cannot_do_right():
     big.indptr = big.indptr.astype(np.int64)
     mf._block_product(big)(x, out)
     assert np.array_equal(out, ws @ x)
+
+
+def test_the_floor_keeps_the_mark_and_says_so(tmp_path):
+    """A torn view log sends the audit of the 96-node run to its floor: observer 16's entries
+    raised to its plan row (an upper bound) keep the mark, and a note says the floor took them
+    from one."""
+    from memrun import write_run_dir
+
+    from coordinator_free.inmemory import run_config
+
+    cfg, _ = plan_of(LARGE)
+    out = write_run_dir(cfg, run_config(cfg, None, seed=3), tmp_path / "run")
+    log = out / "logs" / "node-16.vlog"
+    with open(log, "r+b") as f:
+        f.truncate(log.stat().st_size * 2 // 3)
+    rep = audit.audit_run(out, observers=[16, 17])
+    assert rep["conservative"]
+    floored = [x for o in rep["observers"] if o["observer"] == 16 for x in o["losses"]]
+    raised = [x for x in floored if x.get("basis") == "plan" and x["method"] == "exact"]
+    assert raised and all(x.get("upper_bound") for x in raised)
+    assert any(
+        n.get("observer") == 16 and "floored at the plan" in n.get("message", "")
+        for n in rep["notes"]
+    )
