@@ -42,7 +42,7 @@ orthogonalised in floating point. Instead:
   are directions, and a value in between raises :class:`NumericalRankError` (``strict=True``,
   default) or is kept and counted (``strict=False``: over-estimates rather than hides a
   direction). :func:`plan_factors` first tries a faster route for batches of observers
-  (:func:`_local_leverages`: Lanczos re-orthogonalised against the last two blocks only, the
+  (:func:`_local_leverages`: Lanczos by its three-term recurrence alone, the
   projector read exactly through the Gram matrix of the basis it built, which also measures
   how far that basis is from orthonormal); an observer whose basis fails that check or whose
   rank decisions are not clear-cut by a wide margin goes through the reference.
@@ -759,11 +759,12 @@ def _local_leverages(
     onto K_steps(W, [e_v, e_N(v)]), or None where this fast path cannot vouch for the result (the
     caller then runs :func:`_lanczos_basis`, the reference).
 
-    Block Lanczos re-orthogonalised against the last two blocks only (one classical Gram-Schmidt
-    pass), which is all that exact arithmetic needs for a symmetric W: O(n k^2) per step instead
+    Block Lanczos by its three-term recurrence, ``W L - L A - P B^T`` for the last block L and
+    the one before it P, with ``A = L^T W L`` and ``B^T = (W P)^T L`` known from the step that
+    made L, which is all that exact arithmetic needs for a symmetric W: O(n k^2) per step instead
     of the reference's O(n r k) (k = deg v). The first block is ``[e_v, e_N(v)]`` and the second
-    comes from ``W e_N(v)`` alone: ``W e_v`` lies in the first block exactly (the direction the
-    reference deflates at roundoff level).
+    comes from ``W e_N(v)`` alone, projected on the first explicitly: ``W e_v`` lies in the first
+    block exactly (the direction the reference deflates at roundoff level).
 
     In floating point the blocks drift away from orthogonality, but each new block still
     satisfies the block three-term relation to working precision, so the computed Q spans the
@@ -774,8 +775,10 @@ def _local_leverages(
     then as accurate as from an orthonormal basis) and rules out repeated directions (long
     schedules, where Lanczos vectors lose orthogonality entirely: those observers return None).
     Rank decisions: a new block's singular values here (``s_loc``) are those of the block before
-    the projection on the older blocks that full re-orthogonalisation also does; that projection
-    changes them by at most the measured loss of orthogonality (``s_full >= s_loc - ||G - I||``),
+    the projection on the earlier blocks that full re-orthogonalisation also does; that projection
+    removes only what the block has along them, which the Gram matrix of the finished basis
+    measures, so it changes them by at most the measured loss of orthogonality
+    (``s_full >= s_loc - ||G - I||``),
     so a block whose values are all at least ``_LOCAL_KEEP`` here is, there, a block of
     directions well above ``KEEP_TOL``: the reference keeps them too. Any smaller value (a
     deflation, or the ambiguous band) returns None for that observer.
@@ -836,41 +839,57 @@ def _local_leverage(
     q[:, :b0] = 0.0
     q[start, range(b0)] = 1.0
     smallest = 1.0  # a lower bound on every new block's smallest singular value
-    lo, hi = 0, b0  # columns of the last two blocks (the first block alone at step 1)
+    hi = b0  # the columns filled so far
     # W e_v is in span(first block): only W e_N(v) brings new directions. ``last``: the last
     # block, contiguous (the sparse product reads it), then copied into q; ``z``: W times it.
     last = np.ascontiguousarray(q[:, 1:b0])
     z = np.empty((n, k))
     product = _block_product(ws)
-    for j in range(1, steps if k else 1):
+    coef = None  # P^T W L for the last block L and the one before it P (P^T W L = (W P)^T L)
+    for _ in range(1, steps if k else 1):
         product(last, z)
-        both = q[:, lo:hi]
-        z -= both @ (both.T @ z)
+        if coef is None:
+            # The first step: W e_N(v) projected on the first block [e_v, e_N(v)] explicitly
+            # (its rows of v and N(v) become exactly 0).
+            first = q[:, :b0]
+            z -= first @ (first.T @ z)
+        else:
+            # Block Lanczos' three-term recurrence: W L - L A - P B^T for the last block L and
+            # the one before it P (e_N(v) at the second step: W e_v has no part along L),
+            # with B^T = (W P)^T L known from the step that made L (z_prev = L U there, so
+            # z_prev^T L = U^T); only A = L^T W L is a new product. One product subtracts both.
+            ab = np.empty((2 * k, k))
+            ab[:k] = coef
+            ab[k:] = q[:, hi - k : hi].T @ z
+            z -= q[:, hi - 2 * k : hi] @ ab
         # Orthonormalised through its Gram matrix z^T z = R^T R (Cholesky), q = z R^{-1}: what
         # roundoff leaves is measured (G) and corrected with the rest at the end. Its smallest
         # eigenvalue is at least 1 / ||R^{-1}||_F^2, so a block that passes that bound has every
         # singular value at or above the floor.
-        new = q[:, hi : hi + k]
         upper, info = lapack.dpotrf(z.T @ z, lower=0, clean=1)
         if not info:
-            inv, info = lapack.dtrtri(upper, lower=0, overwrite_c=1)
+            inv, info = lapack.dtrtri(upper, lower=0)
         if info or not (frob := float(np.vdot(inv, inv))) * floor <= 1.0:
             # A small direction: the Gram matrix cannot size it, the SVD can. Any direction
             # below the floor, a deflation included, is left to the reference. (Even an exactly
             # zero one, from a neighbour whose neighbourhood lies in [v, N(v)]: with such
             # deflations a geometric graph's observer came out 9e-8 below the reference with
             # every other check passed.)
-            u, sv, _ = np.linalg.svd(z, full_matrices=False)
+            u, sv, vt = np.linalg.svd(z, full_matrices=False)
             if not sv[-1] >= keep:
                 return None
             smallest = min(smallest, float(sv[-1]))
+            coef = (sv[:, None] * vt).T  # z = u S V^T, the new block u: z^T u = V S
             last[...] = u
         else:
             smallest = min(smallest, 1.0 / math.sqrt(frob))
-            # Into the contiguous block, then one copy into q.
-            np.matmul(z, np.ascontiguousarray(inv), out=last)
-        new[...] = last
-        lo, hi = (hi - k if j > 1 else 0), hi + k
+            coef = upper.T
+            # z R^{-1} in place (BLAS dtrmm on the Fortran-ordered transpose: R^{-T} z^T); z
+            # becomes the new block and the old block's array takes the next product.
+            done = blas.dtrmm(1.0, inv, z.T, side=0, lower=0, trans_a=1, overwrite_b=1).T
+            last, z = done, last
+        q[:, hi : hi + k] = last
+        hi += k
     # The single-precision check, unless its rounding term alone (about c r) rules it out.
     if src.size <= _NEUMANN_SOURCES and _single_rounding(n) * q.shape[1] <= _SINGLE_ORTH:
         read, drift = _drift_bound(q)
