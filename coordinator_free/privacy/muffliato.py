@@ -1000,10 +1000,13 @@ def _drift_bound(q: np.ndarray) -> tuple[float, float]:
     Erdős–Rényi graph), and the tests on it (``_SINGLE_ORTH``, the margin above
     ``_LOCAL_KEEP``) leave room for it."""
     n, r = q.shape
-    h = q.astype(np.float32)
+    # Each chunk rounded into one small buffer that stays in the core's cache (the whole of H
+    # is as large as Q's 4.8 MiB: two observers at a time streamed it through memory).
+    h = np.empty((min(n, _SINGLE_ROWS), r), dtype=np.float32)
     s = np.zeros((r, r))
     for lo in range(0, n, _SINGLE_ROWS):
-        hc = h[lo : lo + _SINGLE_ROWS]
+        hc = h[: min(_SINGLE_ROWS, n - lo)]
+        np.copyto(hc, q[lo : lo + _SINGLE_ROWS], casting="same_kind")
         s += hc.T @ hc
     c = _single_rounding(n)
     trace = float(np.trace(s)) * (1.0 + 1e-12)
