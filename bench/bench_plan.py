@@ -122,9 +122,11 @@ def observer_floor(ws, degree: int, steps: int, seconds: float = 0.02) -> dict[s
     * ``sparse``: its ``steps - 1`` sparse products ``W X`` of an n x k block (Lanczos steps;
       fewer where its basis spans R^n sooner), as the fast path makes them
       (``muffliato._block_product``: scipy's routine into a block it reuses);
-    * ``blocks``: the dense products of those steps, each on its own: the projection of the new
-      block on the last two (``B^T Z`` and ``B C``, B n x 2k), its Gram matrix ``Z^T Z`` and its
-      orthonormalisation ``Z R^-1``;
+    * ``blocks``: the dense products of those steps, each on its own: at the first step the
+      projection on the first block (``B^T Z`` and ``B C``, B n x (k + 1)); at every later one
+      the three-term recurrence's ``L^T Z`` (L the last block, n x k) and ``B C`` (B the last
+      two blocks, n x 2k); then the new block's Gram matrix ``Z^T Z`` and its
+      orthonormalisation ``Z R^-1`` (BLAS ``dtrmm``, in place, as the fast path does);
     * ``gram``: the Gram product ``Q^T Q`` of the n x r basis in double precision (which
       vouches for the projector where many sources are asked for);
     * ``gram_single``: what vouches for it for one source instead, ``muffliato._drift_bound``
@@ -134,30 +136,38 @@ def observer_floor(ws, degree: int, steps: int, seconds: float = 0.02) -> dict[s
       (``muffliato._refined_leverages``, which needs two on this graph).
 
     Nothing of the factorisations, checks, solves, copies or calls around them is in it."""
+    from scipy.linalg import blas
+
     n = ws.shape[0]
     k = max(degree, 1)
     # A basis stops growing once it spans R^n: after ceil((n - 1) / k) blocks.
     steps = min(steps, -(-(n - 1) // k))
     rng = np.random.default_rng(degree)
     z = rng.standard_normal((n, k))
-    inv = np.triu(rng.standard_normal((k, k)))
     r = min(n, 1 + k * steps)
     q = rng.standard_normal((n, r))
 
-    def block(width: int) -> float:
-        """A step's dense products, projecting on ``width`` older columns."""
+    def block(width: int, first: bool) -> float:
+        """A step's dense products: ``width`` older columns subtracted; ``first``: projected on
+        them (both products), else only the last block's coefficients are a product."""
         both = rng.standard_normal((n, width))
+        last = np.ascontiguousarray(both[:, -k:])
         c = rng.standard_normal((width, k))
+        zt = np.asfortranarray(z.T)
+        unit = np.eye(k)  # in place, call after call: values that never grow
         return (
-            _per_call(lambda: both.T @ z, seconds / 16)
+            _per_call(lambda: both.T @ z if first else last.T @ z, seconds / 16)
             + _per_call(lambda: both @ c, seconds / 16)
             + _per_call(lambda: z.T @ z, seconds / 16)
-            + _per_call(lambda: z @ inv, seconds / 16)
+            + _per_call(
+                lambda: blas.dtrmm(1.0, unit, zt, side=0, lower=0, trans_a=1, overwrite_b=1),
+                seconds / 16,
+            )
         )
 
-    # The first step projects on the first block (k + 1 columns), every later one on the last
-    # two blocks (2k columns, 2k + 1 at the second step: counted as 2k, so the floor errs low).
-    blocks = 0.0 if steps < 2 else block(k + 1) + (steps - 2) * block(2 * k)
+    # The first step projects on the first block (k + 1 columns), every later one subtracts the
+    # last two blocks (2k columns).
+    blocks = 0.0 if steps < 2 else block(k + 1, True) + (steps - 2) * block(2 * k, False)
     x = rng.standard_normal((r, 1))
     product, out = muffliato._block_product(ws), np.empty((n, k))
     return {
