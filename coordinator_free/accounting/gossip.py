@@ -190,7 +190,8 @@ def summarise(views: Views, plan, F: np.ndarray, convert) -> dict:
 # ------------------------------------------------------------------- the floor of every audit
 
 
-_PLANNED_CACHE: dict[tuple, np.ndarray] = {}
+#: The last few plans' factors, each with the observers whose rows are upper bounds.
+_PLANNED_CACHE: dict[tuple, tuple[np.ndarray, frozenset[int]]] = {}
 
 
 def all_plan_factors(views: Views, cfg, plan, method: str) -> np.ndarray:
@@ -201,31 +202,25 @@ def all_plan_factors(views: Views, cfg, plan, method: str) -> np.ndarray:
     return all_plan_factors_bounded(views, cfg, plan, method)[0]
 
 
-_PLANNED_BOUNDS: dict[tuple, frozenset[int]] = {}
-
-
 def all_plan_factors_bounded(views: Views, cfg, plan, method: str) -> tuple[np.ndarray, frozenset]:
     """:func:`all_plan_factors` and the observers whose rows are upper bounds
     (:meth:`Views.plan_factors`), remembered together."""
     W = getattr(plan, "W", None)
     fingerprint = None if W is None else value_digest(np.asarray(W, dtype=np.float64))
-    bounds: list[int] = []
     try:
         key = (type(views).__name__, cfg, method, plan.steps, fingerprint)
         hash(key)
     except TypeError:
-        F = views.plan_factors(plan, method, bounds=bounds)
-        return F, frozenset(bounds)
-    F = _PLANNED_CACHE.get(key)
-    if F is None or key not in _PLANNED_BOUNDS:
-        F = views.plan_factors(plan, method, bounds=bounds)
-        if len(_PLANNED_CACHE) >= 8:
-            old = next(iter(_PLANNED_CACHE))
-            _PLANNED_CACHE.pop(old)
-            _PLANNED_BOUNDS.pop(old, None)
-        _PLANNED_CACHE[key] = F
-        _PLANNED_BOUNDS[key] = frozenset(bounds)
-    return F, _PLANNED_BOUNDS[key]
+        key = None
+    found = None if key is None else _PLANNED_CACHE.get(key)
+    if found is None:
+        bounds: list[int] = []
+        found = (views.plan_factors(plan, method, bounds=bounds), frozenset(bounds))
+        if key is not None:
+            if len(_PLANNED_CACHE) >= 8:
+                _PLANNED_CACHE.pop(next(iter(_PLANNED_CACHE)))
+            _PLANNED_CACHE[key] = found
+    return found
 
 
 def planned_losses(views: Views, cfg, plan, observers: list[int]) -> dict[int, dict]:

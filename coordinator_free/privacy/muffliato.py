@@ -846,6 +846,7 @@ def _local_leverage(
     z = np.empty((n, k))
     product = _block_product(ws)
     coef = None  # P^T W L for the last block L and the one before it P (P^T W L = (W P)^T L)
+    ab = np.empty((2 * k, k))  # [P^T W L; L^T W L], refilled at every step
     for _ in range(1, steps if k else 1):
         product(last, z)
         if coef is None:
@@ -858,7 +859,6 @@ def _local_leverage(
             # the one before it P (e_N(v) at the second step: W e_v has no part along L),
             # with B^T = (W P)^T L known from the step that made L (z_prev = L U there, so
             # z_prev^T L = U^T); only A = L^T W L is a new product. One product subtracts both.
-            ab = np.empty((2 * k, k))
             ab[:k] = coef
             ab[k:] = q[:, hi - k : hi].T @ z
             z -= q[:, hi - 2 * k : hi] @ ab
