@@ -18,6 +18,18 @@ ROOT = Path(__file__).resolve().parents[1]
 TEST_IMAGE = "coordinator-free-peer:test"
 BASE_IMAGE = "cfree-base:bookworm"
 
+#: Settings of a run whose peer is killed mid-run. Peers take a few milliseconds a step, so
+#: 400 undelayed steps can be over before a poll of the log and ``docker kill`` land (the
+#: victim then dies lingering after its last step, with a finished log). Holding every data
+#: frame 25 ms makes a step last at least that long on any machine: 400 steps take 10 s or
+#: more, and the kill lands mid-run.
+KILLED_RUN_SETS = (
+    "protocol.steps=400",
+    "network.deadline_s=2",
+    "protocol.accelerated=false",
+    'faults.inject=["delay:25"]',
+)
+
 
 def need(what: str, ok: bool) -> None:
     """Absent tools fail the run in CI (it installs them) and skip elsewhere, saying why."""

@@ -413,8 +413,7 @@ def test_killed_peer_container_is_recorded_by_survivors_and_the_audit(
     peer_image, clusters, tmp_path
 ):
     d = tmp_path / "k"
-    # ~35 steps/s on 2 cores: the run lasts long enough for the kill to land mid-run.
-    sets = ["protocol.steps=400", "network.deadline_s=2", "protocol.accelerated=false"]
+    sets = dockerimg.KILLED_RUN_SETS
     r = cfree("compose", "--dir", str(d), *[a for s in sets for a in ("--set", s)])
     assert r.returncode == 0, r.stderr
     run_dir = tmp_path / "run"

@@ -379,7 +379,7 @@ def test_eight_peer_jobs_complete_and_the_audit_equals_the_plan(
 def test_a_killed_peer_job_is_not_restarted_and_the_audit_is_not_fault_free(
     peer_image, stacks, tmp_path
 ):
-    sets = ["protocol.steps=400", "network.deadline_s=2", "protocol.accelerated=false"]
+    sets = dockerimg.KILLED_RUN_SETS
     s = _stack(stacks, tmp_path, peer_image, *sets)
     s.deploy(peer_image)
     run = tmp_path / "st" / "run"

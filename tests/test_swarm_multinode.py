@@ -340,7 +340,7 @@ def test_private_run_directories_get_their_logs_to_the_auditor_and_a_kill_is_nam
 
     # 2. A peer killed on worker 1 (peer 4: group 4 mod 3 = 1): its log never reaches the
     # auditor, which names it; the survivors' logs do.
-    sets = ["protocol.steps=400", "network.deadline_s=2", "protocol.accelerated=false"]
+    sets = dockerimg.KILLED_RUN_SETS
     s = _deploy(deployed, tmp_path / "b", multiswarm["image_id"], *sets, private=True)
     victim, k = 4, 1
     own = s.dir.parent / f"disk-w{k}"
