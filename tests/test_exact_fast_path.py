@@ -47,8 +47,10 @@ def fast_rows(w, steps, observers) -> list[np.ndarray | None]:
 CASES = [
     ("erdos_renyi", {"nodes": 80, "p": 0.1, "seed": 1}, 5, "all"),
     ("erdos_renyi", {"nodes": 90, "p": 0.1, "seed": 5}, 9, "some"),
-    # saturates (r = 1 + deg T > n) everywhere but at the one leaf (r = 41)
-    ("erdos_renyi", {"nodes": 60, "p": 0.1, "seed": 2}, 40, "some"),
+    # saturates (r = 1 + deg T > n) everywhere but at the two leaves (r = 36). At T = 40 the
+    # leaves' bases drift to the edge of the fast path's gate: one is taken with OpenBLAS's
+    # AVX2 kernels, none with its AVX-512 ones (the reference's numbers either way).
+    ("erdos_renyi", {"nodes": 60, "p": 0.1, "seed": 2}, 35, "some"),
     ("geometric", {"nodes": 100, "radius": 0.2, "seed": 3}, 8, "some"),
     ("geometric", {"nodes": 80, "radius": 0.25, "seed": 7}, 5, "some"),
     ("grid", {"rows": 8, "cols": 12}, 10, "all"),
