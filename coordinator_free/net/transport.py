@@ -55,7 +55,7 @@ import random
 import socket
 import time
 from collections import deque
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -190,17 +190,72 @@ def _wake(waiter: asyncio.Future) -> None:
 
 class _EventQueue(deque):
     """The node's events in arrival order: a deque, plus a wait for the next one when empty
-    (one reader: :meth:`PeerNet.next_event`)."""
+    (one reader: :meth:`PeerNet.next_event`), or a handler that takes them as they come while
+    the reader is idle (:meth:`idle`)."""
 
     def __init__(self) -> None:
         super().__init__()
         self._waiter: asyncio.Future | None = None
+        self._sink: Callable[[NetEvent], Any] | None = None
+        self._after: Callable[[], Any] | None = None
+        self._sink_scheduled = False
 
     def put(self, ev: NetEvent) -> None:
         self.append(ev)
         w = self._waiter
         if w is not None and not w.done():
-            w.set_result(None)
+            if self._sink is None:
+                w.set_result(None)
+            elif not self._sink_scheduled:
+                # Handled in a callback of its own, after the transport's callback that
+                # decoded it (never inside it), with whatever else arrives meanwhile.
+                self._sink_scheduled = True
+                asyncio.get_running_loop().call_soon(self._run_sink)
+
+    def _run_sink(self) -> None:
+        self._sink_scheduled = False
+        w, sink, after = self._waiter, self._sink, self._after
+        if w is None or sink is None:
+            return  # the reader took the events itself meanwhile
+        try:
+            while self and not w.done():
+                back = sink(self.popleft())
+                if back is not None:
+                    w.set_result(back)
+                    return
+        except Exception as exc:  # the reader raises it
+            w.set_exception(exc)
+        finally:
+            if after is not None:
+                try:
+                    after()
+                except Exception as exc:
+                    if not w.done():
+                        w.set_exception(exc)
+
+    async def idle(
+        self,
+        timeout: float,
+        sink: Callable[[NetEvent], Any],
+        after: Callable[[], Any] | None = None,
+    ) -> Any:
+        """Wait, at most ``timeout`` seconds, while ``sink(event)`` takes the events as they
+        come, until it returns something other than None, which this returns (None after the
+        timeout). ``after()`` is called when the events that arrived together have been taken.
+        What ``sink`` or ``after`` raise is raised here. The reader's task sleeps through the
+        events ``sink`` takes on its own: no task switch, future or timer per event."""
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        self._sink, self._after = sink, after
+        timer = loop.call_later(timeout, _wake, waiter)
+        try:
+            if self and not self._sink_scheduled:
+                self._sink_scheduled = True
+                loop.call_soon(self._run_sink)
+            return await waiter
+        finally:
+            timer.cancel()
+            self._waiter = self._sink = self._after = None
 
     async def get_within(self, timeout: float) -> NetEvent | None:
         """The next event, or None after ``timeout`` seconds without one (a timer on the
@@ -781,6 +836,21 @@ class PeerNet:
         if timeout <= 0:
             return None
         return await self._events.get_within(timeout)
+
+    async def idle(
+        self,
+        timeout: float,
+        sink: Callable[[NetEvent], Any],
+        after: Callable[[], Any] | None = None,
+    ) -> Any:
+        """Wait at most ``timeout`` seconds while ``sink(event)`` handles the events as they
+        arrive, in a callback of their own (not in the reading task, nor in the transport's
+        callback that decoded them), until it returns something other than None: that is
+        returned, or None after the timeout. ``after()`` runs once the events that arrived
+        together are taken. What they raise is raised here. The events that arrived before
+        are handed to ``sink`` first. The cheap way to wait for a stream of events that mostly
+        need no task (a peer's steps)."""
+        return await self._events.idle(timeout, sink, after)
 
     async def close(self) -> None:
         """Close every connection, the listener and all background tasks. Idempotent."""

@@ -371,103 +371,182 @@ async def drive(engine, net, vlog, progress: Progress, deadline: float, outgoing
     """The peer's one loop: feed network events and timer expiries into the engine, perform
     its actions, until it finishes. ``outgoing(send)`` may replace what is sent (a declared
     ``nan`` fault)."""
-    failed: deque[PeerDown] = deque()
-    # The view-log records of the events handled back to back are held and handed to the
-    # operating system together, in one vectored write, before the peer sends (what it saw
-    # first) and before it waits on anything (the network, a timer, a socket that is not taking
-    # a send): a step's records leave in two writes, its recv records and its send records.
-    vlog.hold()
-    try:
-        actions = engine.start(time.monotonic())
-        while True:
-            if outgoing is not None:
-                actions = [outgoing(a) if isinstance(a, Send) else a for a in actions]
-            finish = await _perform(actions, net, vlog, progress, deadline, failed)
-            if finish is not None:
-                return finish
-            if failed:
-                actions = engine.handle(failed.popleft(), time.monotonic())
-                continue
-            ev = net.ready_event()
-            if ev is None:
+    return await _Driver(engine, net, vlog, progress, deadline, outgoing).run()
+
+
+class _Driver:
+    """The loop of :func:`drive`. While the engine waits for the network, the events are
+    handed to it in callbacks of their own (:meth:`PeerNet.idle`) and its actions performed
+    there, as long as nothing needs to wait: the common step (values in, records written,
+    values sent) costs no task switch, future or timer. Whatever needs waiting (a socket that
+    does not take a send), a failed send, the finish, an earlier wake-up, or an error goes
+    back to the task, which goes on from where the callback stopped.
+
+    The view log's records of the events handled back to back are held and handed to the
+    operating system together, in one vectored write, before the peer sends (what it saw
+    first) and before it waits on anything (the network, a timer, a socket that is not taking
+    a send): a step's records leave in two writes, its recv records and its send records."""
+
+    def __init__(self, engine, net, vlog, progress, deadline, outgoing) -> None:
+        self.engine, self.net, self.vlog = engine, net, vlog
+        self.progress, self.deadline, self.outgoing = progress, deadline, outgoing
+        self.failed: deque[PeerDown] = deque()
+        self.wake_at = math.inf  # when the task's timer wakes it, while it is idle
+
+    async def run(self) -> Finish:
+        engine, net, vlog, failed = self.engine, self.net, self.vlog, self.failed
+        vlog.hold()
+        try:
+            actions = self._outgoing(engine.start(time.monotonic()))
+            rest: tuple = (0, None)
+            while True:
+                finish = await self._perform(actions, *rest)
+                rest = (0, None)
+                if finish is not None:
+                    return finish
+                if failed:
+                    actions = self._handle(failed.popleft())
+                    continue
+                ev = net.ready_event()
+                if ev is not None:
+                    actions = self._handle(ev)
+                    continue
                 wake = engine.next_wakeup()
                 timeout = 3600.0 if wake is None else max(0.0, wake - time.monotonic())
-                vlog.flush()
-                ev = await net.next_event(timeout)
-                vlog.hold()
-            actions = engine.handle(ev, time.monotonic())
-    finally:
-        vlog.flush()
-
-
-async def _perform(actions, net, vlog, progress, deadline, failed) -> Finish | None:
-    """Perform the engine's actions in order. Consecutive sends go out concurrently (each
-    bounded by the deadline; two to the same peer keep their order); a failed one is queued
-    as a PeerDown for the engine. The caller holds the view log's records; they are flushed
-    before the sends and before a wait for a socket."""
-    i, n = 0, len(actions)
-    while i < n:
-        a = actions[i]
-        kind = type(a)
-        if kind is Log:  # the most common action: a record
-            vlog.write_record(a.kind, a.fields)
-            i += 1
-            continue
-        if kind is Send:
-            # What the node received reaches the operating system before anything it sends
-            # after it (a large frame goes to the socket at once).
-            vlog.flush()
-            vlog.hold()
-            batch, peers = [], set()
-            while i < n and type(actions[i]) is Send:
-                if actions[i].peer in peers:
-                    break
-                peers.add(actions[i].peer)
-                batch.append(actions[i])
-                i += 1
-            # Each send is queued at once; only those the socket does not take at once are
-            # waited for, together.
-            outcomes: list = []
-            waits = []
-            encoded, parts = None, None  # one message to several peers is encoded once
-            for s in batch:
-                if s.message is not encoded:
-                    encoded, parts = s.message, net.encode(s.message)
-                try:
-                    wait = net.send_now(s.peer, s.message, timeout=deadline, parts=parts)
-                except (ConnectionError, OSError) as exc:  # PeerGone
-                    outcomes.append(exc)
+                if timeout <= 0:
+                    actions = self._handle(None)
                     continue
-                outcomes.append(None)
-                if wait is not None:
-                    waits.append((len(outcomes) - 1, wait))
-            if waits:
-                vlog.flush()  # nothing held while waiting on a socket
-                done = await asyncio.gather(*(w for _, w in waits), return_exceptions=True)
+                self.wake_at = time.monotonic() + timeout
+                vlog.flush()
+                back = await net.idle(timeout, self._take, vlog.flush)
                 vlog.hold()
+                if back is None:  # the timer
+                    actions = self._handle(None)
+                else:  # what the callbacks left to do
+                    actions, *rest = back
+        finally:
+            self.wake_at = math.inf
+            vlog.flush()
+
+    def _outgoing(self, actions: list) -> list:
+        outgoing = self.outgoing
+        if outgoing is None:
+            return actions
+        return [outgoing(a) if isinstance(a, Send) else a for a in actions]
+
+    def _handle(self, ev) -> list:
+        """The engine's actions for ``ev`` (None: the time has come), as they are sent."""
+        return self._outgoing(self.engine.handle(ev, time.monotonic()))
+
+    def _take(self, ev) -> tuple | None:
+        """An event that arrived while the task is idle: handled, and its actions performed
+        up to the first that needs the task. None when all is done, else what the task goes
+        on with: the actions, the index to go on from and the sends it has to wait for. The
+        records of the events taken back to back are held until the callbacks end (the view
+        log's flush is ``idle``'s last call)."""
+        self.vlog.hold()
+        actions = self._handle(ev)
+        stop = self._perform_now(actions, 0)
+        if stop is not None:
+            return (actions, *stop)
+        if self.failed:
+            return ([], 0, None)
+        wake = self.engine.next_wakeup()
+        if wake is not None and wake < self.wake_at:
+            return ([], 0, None)  # the task's timer would wake it too late
+        return None
+
+    async def _perform(self, actions: list, i: int = 0, sending=None) -> Finish | None:
+        """Perform the engine's actions from ``actions[i]`` on, in order, waiting where needed
+        (``sending``: the sends of a batch already queued, to wait for first)."""
+        while True:
+            if sending is not None:
+                batch, outcomes, waits = sending
+                self.vlog.flush()  # nothing held while waiting on a socket
+                done = await asyncio.gather(*(w for _, w in waits), return_exceptions=True)
+                self.vlog.hold()
                 for (k, _), res in zip(waits, done, strict=True):
                     outcomes[k] = res
-            for s, res in zip(batch, outcomes, strict=True):
-                if res is None:  # sent
-                    if s.on_sent is not None:
-                        vlog.write_record(s.on_sent.kind, s.on_sent.fields)
-                elif isinstance(res, (ConnectionError, OSError)):  # PeerGone, PeerUnreachable
-                    failed.append(PeerDown(s.peer, f"send failed: {type(res).__name__}: {res}"))
-                elif isinstance(res, BaseException):
-                    raise res
-                elif s.on_sent is not None:
-                    vlog.write_record(s.on_sent.kind, s.on_sent.fields)
-            continue
-        if kind is ProgressAction:
-            progress.emit(**a.fields)
-            if a.abort is not None and progress.reader_gone:
-                what, when = a.abort
-                vlog.write("aborted", step=a.fields["step"], reason="the launcher went away")
-                raise PeerFailure(f"the launcher went away ({what} {when}); stopping")
-        elif kind is Finish:
-            return a
-        i += 1
-    return None
+                self._sent(batch, outcomes)
+            stop = self._perform_now(actions, i)
+            if stop is None:
+                return None
+            i, sending = stop
+            if sending is None:
+                return actions[i]  # the finish
+
+    def _perform_now(self, actions: list, i: int) -> tuple | None:
+        """Perform actions from ``actions[i]`` on until one needs waiting: None when all are
+        done, else ``(index, sending)``: a batch of sends queued (``sending``: the batch, the
+        outcomes so far, the sends to wait for; the index is that of the action after the
+        batch), or the finish (``sending`` None, the index is the finish's). Consecutive sends
+        go out concurrently (each bounded by the deadline; two to the same peer keep their
+        order); a failed one is queued as a PeerDown for the engine."""
+        vlog, net, deadline = self.vlog, self.net, self.deadline
+        n = len(actions)
+        while i < n:
+            a = actions[i]
+            kind = type(a)
+            if kind is Log:  # the most common action: a record
+                vlog.write_record(a.kind, a.fields)
+                i += 1
+                continue
+            if kind is Send:
+                # What the node received reaches the operating system before anything it
+                # sends after it (a large frame goes to the socket at once).
+                vlog.flush()
+                vlog.hold()
+                batch, peers = [], set()
+                while i < n and type(actions[i]) is Send:
+                    if actions[i].peer in peers:
+                        break
+                    peers.add(actions[i].peer)
+                    batch.append(actions[i])
+                    i += 1
+                # Each send is queued at once; only those the socket does not take at once are
+                # waited for, together.
+                outcomes: list = []
+                waits = []
+                encoded, parts = None, None  # one message to several peers is encoded once
+                for s in batch:
+                    if s.message is not encoded:
+                        encoded, parts = s.message, net.encode(s.message)
+                    try:
+                        wait = net.send_now(s.peer, s.message, timeout=deadline, parts=parts)
+                    except (ConnectionError, OSError) as exc:  # PeerGone
+                        outcomes.append(exc)
+                        continue
+                    outcomes.append(None)
+                    if wait is not None:
+                        waits.append((len(outcomes) - 1, wait))
+                if waits:
+                    return i, (batch, outcomes, waits)
+                self._sent(batch, outcomes)
+                continue
+            if kind is ProgressAction:
+                self.progress.emit(**a.fields)
+                if a.abort is not None and self.progress.reader_gone:
+                    what, when = a.abort
+                    vlog.write("aborted", step=a.fields["step"], reason="the launcher went away")
+                    raise PeerFailure(f"the launcher went away ({what} {when}); stopping")
+            elif kind is Finish:
+                return i, None
+            i += 1
+        return None
+
+    def _sent(self, batch: list, outcomes: list) -> None:
+        """The outcomes of a batch of sends: a ``send`` record for each one sent, a PeerDown
+        queued for each one that failed."""
+        for s, res in zip(batch, outcomes, strict=True):
+            if res is None:  # sent
+                if s.on_sent is not None:
+                    self.vlog.write_record(s.on_sent.kind, s.on_sent.fields)
+            elif isinstance(res, (ConnectionError, OSError)):  # PeerGone, PeerUnreachable
+                self.failed.append(PeerDown(s.peer, f"send failed: {type(res).__name__}: {res}"))
+            elif isinstance(res, BaseException):
+                raise res
+            elif s.on_sent is not None:
+                self.vlog.write_record(s.on_sent.kind, s.on_sent.fields)
 
 
 def channel_addresses(net, neighbours) -> dict:
