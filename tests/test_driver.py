@@ -79,6 +79,9 @@ async def test_idle_raises_what_the_sink_or_the_flush_raise():
 
     with pytest.raises(OSError, match="disk full"):
         await q.idle(10.0, lambda ev: None, bad_flush)
+    q.put(_value(1, 2))  # a flush that fails as the sink hands back is not lost either
+    with pytest.raises(OSError, match="disk full"):
+        await q.idle(10.0, lambda ev: "back", bad_flush)
 
 
 class _Vlog:

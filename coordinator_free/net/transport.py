@@ -215,23 +215,21 @@ class _EventQueue(deque):
     def _run_sink(self) -> None:
         self._sink_scheduled = False
         w, sink, after = self._waiter, self._sink, self._after
-        if w is None or sink is None:
-            return  # the reader took the events itself meanwhile
+        if w is None or sink is None or w.done() or not self:
+            return  # the reader takes the events itself
+        back = None
         try:
-            while self and not w.done():
+            while self:
                 back = sink(self.popleft())
                 if back is not None:
-                    w.set_result(back)
-                    return
-        except Exception as exc:  # the reader raises it
-            w.set_exception(exc)
-        finally:
+                    break
             if after is not None:
-                try:
-                    after()
-                except Exception as exc:
-                    if not w.done():
-                        w.set_exception(exc)
+                after()
+        except Exception as exc:  # the reader raises it (``after`` is then the reader's)
+            w.set_exception(exc)
+            return
+        if back is not None:
+            w.set_result(back)
 
     async def idle(
         self,
