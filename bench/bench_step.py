@@ -3,7 +3,7 @@
 What a cfree gossip step costs above its transport, without the noise of sixteen processes
 sharing two cores: node 0 of a 16-node ring runs Muffliato averaging (plain gossip) with its real
 step engine (``engine/step.py``), its real view log (``viewlog.py``, in a temporary directory)
-and the peer's real driver loop (``peer/runner.py``: ``drive`` and ``_perform``). Only the
+and the peer's real driver loop (``peer/runner.py``: ``drive``, its task's path). Only the
 network is a stand-in: once node 0 has sent its value of step t to both neighbours, both
 neighbours' values of step t are ready, as the transport hands them over (decoded envelopes
 whose payload is a read-only view on the received bytes). Sends go nowhere.
@@ -55,7 +55,7 @@ NODES = 16
 
 class _Neighbours:
     """The network as node 0's driver sees it (``encode``, ``send_now``, ``ready_event``,
-    ``next_event``): each step's values of nodes 1 and 15 are ready once node 0 has sent its
+    ``idle``): each step's values of nodes 1 and 15 are ready once node 0 has sent its
     own to node 15 (its second send), a ``done`` from each once it has said its own."""
 
     def __init__(self, dim: int, steps: int) -> None:
@@ -89,8 +89,10 @@ class _Neighbours:
     def ready_event(self):
         return self.queue.pop(0) if self.queue else None
 
-    async def next_event(self, timeout: float):
-        return self.queue.pop(0) if self.queue else None
+    async def idle(self, timeout: float, sink, after=None):
+        # Every value is ready when the driver looks (``ready_event``): it never waits here,
+        # and would take an empty queue as its deadline passing.
+        return None
 
 
 def step_cpu(dim: int, steps: int, log_values: bool, work: Path) -> float:
