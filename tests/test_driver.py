@@ -31,12 +31,14 @@ async def test_idle_hands_events_to_the_sink_in_arrival_order_and_flushes_once_p
         return "stop" if ev.message.step == 4 else None
 
     async def arrive():
+        # Each yield to the loop lets the sink take what was put before it: the batches are
+        # the puts between two yields, whatever the clock says.
         await asyncio.sleep(0)
         q.put(_value(1, 0))
         q.put(_value(2, 1))  # the same turn of the loop: one batch, one flush
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)
         q.put(_value(1, 2))
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)
         for step in (3, 4, 5):
             q.put(_value(1, step))
 
@@ -167,17 +169,21 @@ class _Progress:
 
 
 async def _drive(engine, net, vlog, events, outgoing=None):
+    """Run the driver, each event put once it waits in ``idle`` (so its callbacks take it)."""
+
     async def arrive():
         for ev in events:
-            await asyncio.sleep(0.005)
+            while net.q._sink is None:
+                await asyncio.sleep(0)
             net.q.put(ev)
 
     feeder = asyncio.ensure_future(arrive())
-    finish = await asyncio.wait_for(
-        runner.drive(engine, net, vlog, _Progress(), 1.0, outgoing), 10.0
-    )
-    await feeder
-    return finish
+    try:
+        return await asyncio.wait_for(
+            runner.drive(engine, net, vlog, _Progress(), 1.0, outgoing), 10.0
+        )
+    finally:
+        feeder.cancel()
 
 
 async def test_the_driver_waits_for_a_send_the_socket_did_not_take_and_logs_it_sent():
