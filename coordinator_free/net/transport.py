@@ -188,6 +188,12 @@ def _wake(waiter: asyncio.Future) -> None:
         waiter.set_result(None)
 
 
+#: What takes the events while a reader is idle (:meth:`PeerNet.idle`), and what it calls once
+#: the events that arrived together are taken.
+Sink = Callable[[NetEvent], Any]
+After = Callable[[], Any]
+
+
 class _EventQueue(deque):
     """The node's events in arrival order: a deque, plus a wait for the next one when empty
     (one reader: :meth:`PeerNet.next_event`), or a handler that takes them as they come while
@@ -196,8 +202,8 @@ class _EventQueue(deque):
     def __init__(self) -> None:
         super().__init__()
         self._waiter: asyncio.Future | None = None
-        self._sink: Callable[[NetEvent], Any] | None = None
-        self._after: Callable[[], Any] | None = None
+        self._sink: Sink | None = None
+        self._after: After | None = None
         self._sink_scheduled = False
 
     def put(self, ev: NetEvent) -> None:
@@ -231,12 +237,7 @@ class _EventQueue(deque):
         if back is not None:
             w.set_result(back)
 
-    async def idle(
-        self,
-        timeout: float,
-        sink: Callable[[NetEvent], Any],
-        after: Callable[[], Any] | None = None,
-    ) -> Any:
+    async def idle(self, timeout: float, sink: Sink, after: After | None = None) -> Any:
         """Wait, at most ``timeout`` seconds, while ``sink(event)`` takes the events as they
         come, until it returns something other than None, which this returns (None after the
         timeout). ``after()`` is called when the events that arrived together have been taken.
@@ -835,12 +836,7 @@ class PeerNet:
             return None
         return await self._events.get_within(timeout)
 
-    async def idle(
-        self,
-        timeout: float,
-        sink: Callable[[NetEvent], Any],
-        after: Callable[[], Any] | None = None,
-    ) -> Any:
+    async def idle(self, timeout: float, sink: Sink, after: After | None = None) -> Any:
         """Wait at most ``timeout`` seconds while ``sink(event)`` handles the events as they
         arrive, in a callback of their own (not in the reading task, nor in the transport's
         callback that decoded them), until it returns something other than None: that is
