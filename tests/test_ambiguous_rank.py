@@ -158,10 +158,10 @@ def test_audit_of_a_geometric_run_is_exact_where_float64_hesitates(tmp_path, sma
     assert got and all(abs(got[u] - exact[u]) <= 1e-12 for u in got)
 
 
-def test_coalitions_resolve_the_same_way(small):
+def test_coalitions_resolve_the_same_way(small, monkeypatch):
     """``cfree plan --observers``: a coalition of one is that observer's view (the small graph:
-    the exact rational row); a coalition past exact arithmetic keeps the direction and says so in
-    its notes."""
+    the exact rational row, reached after one float64 basis, not two); a coalition past exact
+    arithmetic keeps the direction and says so in its notes."""
     from coordinator_free.families.averaging import coalition
 
     sets, v = small
@@ -174,8 +174,18 @@ def test_coalitions_resolve_the_same_way(small):
     )
     exact[v] = 1.0
     notes: list = []
+    bases = []
+    float_basis = mf.coalition_factors
+
+    def counted(*args, **kwargs):
+        bases.append(args[2])
+        return float_basis(*args, **kwargs)
+
+    monkeypatch.setattr(mf, "coalition_factors", counted)
     got = coalition.plan_factors(plan, [v], notes)
+    monkeypatch.setattr(mf, "coalition_factors", float_basis)
     assert notes == [] and np.allclose(got, exact, rtol=0, atol=1e-12)
+    assert bases == [[v]]  # the float64 basis that hesitated, and then exact arithmetic only
 
     cfg, plan = plan_of(LARGE)
     rep = coalition.plan_report(cfg, plan, [45, 93])

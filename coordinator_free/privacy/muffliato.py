@@ -1327,6 +1327,7 @@ def coalition_exact_factors(
     received: dict[int, Iterable[tuple[int, int]]],
     *,
     strict: bool = True,
+    float_first: bool = True,
 ) -> np.ndarray:
     """Exact loss factors of every source towards a coalition's joint view for a realised
     schedule (``received``: member -> the messages (t, x) it got), shape (n,); members get 1.
@@ -1337,7 +1338,10 @@ def coalition_exact_factors(
     message any member got are reduced exactly over the coordinates of the non-members (each
     member knows its own noise), as :func:`exact_factors_rational` does for one observer; more
     than ``RATIONAL_MAX_NODES`` nodes raise :class:`ExactTooLargeError`
-    (:func:`coalition_upper_factors` then bounds the loss from above)."""
+    (:func:`coalition_upper_factors` then bounds the loss from above). ``float_first=False``
+    goes to the exact arithmetic at once: for a caller whose :func:`coalition_factors` of the
+    same fault-free schedule has just raised :class:`NumericalRankError` (the float64 basis
+    is not built a second time to raise it again)."""
     ms, gs, n = _check_steps(steps)
     members = sorted({int(a) for a in coalition})
     if not members or members[0] < 0 or members[-1] >= n:
@@ -1348,7 +1352,7 @@ def coalition_exact_factors(
         _check_used_observed(ms, a, mine)
         rec.update(mine)
     w = _fixed_w(ms, gs)
-    if w is not None and rec == coalition_received(w, members, len(ms)):
+    if float_first and w is not None and rec == coalition_received(w, members, len(ms)):
         try:
             return coalition_factors(w, len(ms), members, strict=strict)
         except NumericalRankError:

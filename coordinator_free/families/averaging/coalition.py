@@ -83,7 +83,7 @@ def fault_free_factors(plan, members: list[int], notes: list) -> np.ndarray:
     heard = {a: acct.fault_free_received(w, a, plan.steps) for a in members}
     try:
         return acct.coalition_exact_factors(
-            acct.fault_free_steps(w, plan.steps, False), members, heard
+            acct.fault_free_steps(w, plan.steps, False), members, heard, float_first=False
         )
     except acct.ExactTooLargeError:  # coefficients past exact arithmetic's budget
         return _ambiguous(plan, members, notes)
