@@ -42,6 +42,7 @@ import numpy as np
 
 from coordinator_free import config as config_mod
 from coordinator_free import seeds
+from coordinator_free.blas import one_thread_for_process
 from coordinator_free.engine.events import Inbound
 from coordinator_free.families import family_of
 from coordinator_free.net.wire import Message, decode_message, encode_message
@@ -97,6 +98,13 @@ class _Neighbours:
 
 def step_cpu(dim: int, steps: int, log_values: bool, work: Path) -> float:
     """Thread CPU seconds per step of node 0's engine, view log and driver (one run)."""
+    # BLAS held to one thread, as in a peer, in both OpenBLAS libraries (numpy's, and the one
+    # scipy.linalg brings, loaded first): the plan's spectral gap would otherwise leave OpenBLAS
+    # threads spinning through the steps (up to a fifth of the instructions callgrind counts a
+    # step, varying from run to run, in threads a peer does not have).
+    import scipy.linalg  # noqa: F401
+
+    one_thread_for_process()
     cfg = config_mod.load(
         None,
         [
@@ -162,8 +170,10 @@ def instructions_per_step(dim: int, log_values: bool, scale: float) -> dict:
                 sys.executable, __file__, "--one-run", f"{dim}:{steps}:{int(log_values)}",
             ]  # fmt: skip
             # A fixed hash seed: string hashes, and so the dicts' and sets' probing, are the
-            # same in every run.
-            env = {**os.environ, "PYTHONHASHSEED": "0"}
+            # same in every run. No OpenBLAS threads at all (a peer, forked from a process that
+            # loaded OpenBLAS, has none): threads started at import spin for as long as they
+            # like, and their instructions (up to 60 million a run) would differ from run to run.
+            env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
             run = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if run.returncode != 0:
                 raise SystemExit(f"callgrind run failed ({run.returncode}): {run.stderr[-2000:]}")
