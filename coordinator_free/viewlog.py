@@ -541,9 +541,10 @@ _T_MONO, _T_WALL = _KEYS["t_mono"] + b"\xcb", _KEYS["t_wall"] + b"\xcb"
 _SMALL_UINTS = [bytes((i,)) for i in range(0x80)]
 #: msgpack's uint 16: the ``seq`` of most records (256 .. 65535).
 _SEQ16 = struct.Struct(">BH")
-_KINDS: dict[str, bytes] = {}
-#: ``value: <array extension header>`` of a float64 vector, by its length.
-_F8_HEADS: dict[int, bytes] = {}
+#: The fixed bytes of value records (:func:`_value_template`) by form: (kind, peer, nbytes,
+#: the value's length or 0); a peer writes a few forms (two kinds, one per neighbour).
+_VALUE_TEMPLATES: dict[tuple, tuple[bytes, bytes, bytes]] = {}
+_VALUE_TEMPLATES_MAX = 1024
 
 
 def _uint(x) -> bytes | None:
@@ -563,15 +564,34 @@ def _uint(x) -> bytes | None:
     return None
 
 
+def _value_template(kind: str, peer: int, nbytes: int, value) -> tuple[bytes, bytes, bytes] | None:
+    """The fixed bytes of a value record of ``kind`` from ``peer`` (``nbytes``, ``value`` None
+    or a 1-d float64 vector): those before its ``seq`` (the map's header, ``k`` and the kind,
+    the key ``seq``), those between its ``step`` and its digest (``peer``, the key ``digest``)
+    and those after the digest (``nbytes``, the value's key and array extension header). None
+    when ``peer`` or ``nbytes`` is not a msgpack unsigned int."""
+    peer_b, nbytes_b = _uint(peer), _uint(nbytes)
+    if peer_b is None or nbytes_b is None:
+        return None
+    pre = b"".join((b"\x88" if value is None else b"\x89", _KEYS["k"], pack(kind), _KEYS["seq"]))
+    mid = b"".join((_KEYS["peer"], peer_b, _KEYS["digest"]))
+    tail = _KEYS["nbytes"] + nbytes_b
+    if value is not None:
+        tail += _array_parts("value", value)[0]
+    return pre, mid, tail
+
+
 def _value_parts(kind: str, seq: int, t_mono: float, t_wall: float, fields: dict) -> list | None:
     """The frame pieces of a value record (``fields`` exactly ``step, peer, digest, nbytes``
     and optionally a 1-d float64 ``value``, in that order, as the step engine writes them at
     every step) built directly, without the general encoder: the same bytes as
     :func:`_encode_parts` of ``{"k", "seq", "t_mono", "t_wall", **fields}``. None for any other
-    form of record (or one that must be refused), which then goes the general way."""
+    form of record (or one that must be refused), which then goes the general way. The bytes
+    that stay the same from step to step (kind, peer, sizes: :func:`_value_template`) are
+    built once per form and kept."""
     keys = tuple(fields)
     if keys == _VALUE_FIELDS:
-        value = None
+        value, size = None, 0
     elif keys == _VALUE_FIELDS_WITH_VALUE:
         value = fields["value"]
         if (
@@ -582,57 +602,42 @@ def _value_parts(kind: str, seq: int, t_mono: float, t_wall: float, fields: dict
             or not value.flags.c_contiguous
         ):
             return None
+        size = len(value)
     else:
         return None
-    digest = fields["digest"]
-    step, peer, nbytes = fields["step"], fields["peer"], fields["nbytes"]
-    # Small steps and peers (the common case) without a call.
+    peer, nbytes = fields["peer"], fields["nbytes"]
+    if type(peer) is not int or type(nbytes) is not int:  # (a bool is no msgpack int)
+        return None
+    form = (kind, peer, nbytes, size)
+    template = _VALUE_TEMPLATES.get(form)
+    if template is None:
+        template = _value_template(kind, peer, nbytes, value)
+        if template is None:
+            return None
+        if len(_VALUE_TEMPLATES) < _VALUE_TEMPLATES_MAX:
+            _VALUE_TEMPLATES[form] = template
+    pre, mid, tail = template
+    step, digest = fields["step"], fields["digest"]
+    # A small step (the common case) without a call.
     step = _SMALL_UINTS[step] if type(step) is int and 0 <= step < 0x80 else _uint(step)
-    peer = _SMALL_UINTS[peer] if type(peer) is int and 0 <= peer < 0x80 else _uint(peer)
-    nbytes = _SMALL_UINTS[nbytes] if type(nbytes) is int and 0 <= nbytes < 0x80 else _uint(nbytes)
-    kind_b = _KINDS.get(kind)
-    if kind_b is None:
-        kind_b = pack(kind)
-        if len(_KINDS) < 64:
-            _KINDS[kind] = kind_b
-    if (
-        step is None
-        or peer is None
-        or nbytes is None
-        or type(digest) is not str
-        or len(digest) > 255
-        or not digest.isascii()
-    ):
+    if step is None or type(digest) is not str or len(digest) > 255 or not digest.isascii():
         return None
     d = digest.encode("ascii")
     head = b"".join(
         (
-            b"\x88" if value is None else b"\x89",
-            _KEYS["k"],
-            kind_b,
-            _KEYS["seq"],
+            pre,
             _SEQ16.pack(0xCD, seq) if 0x100 <= seq < 0x10000 else _uint(seq),
             _TIMES.pack(_T_MONO, t_mono, _T_WALL, t_wall),
             _KEYS["step"],
             step,
-            _KEYS["peer"],
-            peer,
-            _KEYS["digest"],
+            mid,
             bytes((0xA0 | len(d),)) if len(d) < 32 else bytes((0xD9, len(d))),
             d,
-            _KEYS["nbytes"],
-            nbytes,
+            tail,
         )
     )
     if value is None:
         return [FRAME.pack(len(head), crc32(head)) + head]
-    size = len(value)
-    tail = _F8_HEADS.get(size)
-    if tail is None:
-        tail = _array_parts("value", value)[0]
-        if len(_F8_HEADS) < 64:
-            _F8_HEADS[size] = tail
-    head += tail
     length = len(head) + 8 * size
     if length > MAX_RECORD_BYTES:
         return None

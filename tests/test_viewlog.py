@@ -191,6 +191,10 @@ def test_value_records_are_encoded_directly_as_the_general_encoder_does(tmp_path
         {"peer": 2, "step": 1, "digest": "ab", "nbytes": 32},
         {"step": -1, "peer": 2, "digest": "ab", "nbytes": 32},
         {"step": True, "peer": 2, "digest": "ab", "nbytes": 32},
+        {"step": 1, "peer": True, "digest": "ab", "nbytes": 32},
+        {"step": 1, "peer": 2, "digest": "ab", "nbytes": False},
+        {"step": 1, "peer": -2, "digest": "ab", "nbytes": 32},
+        {"step": 1, "peer": 2.0, "digest": "ab", "nbytes": 32},
         {"step": 1, "peer": 2, "digest": b"ab", "nbytes": 32},
         {"step": 1, "peer": 2, "digest": "é", "nbytes": 32},
         {"step": 1, "peer": 2, "digest": "ab", "nbytes": 2**64},
@@ -202,6 +206,16 @@ def test_value_records_are_encoded_directly_as_the_general_encoder_does(tmp_path
     ]
     for fields in others:
         assert viewlog._value_parts("recv", 0, 1.0, 2.0, fields) is None, fields
+    # The fixed bytes kept for a form are those of that form only: a record after others of
+    # other peers, sizes and kinds is still the general encoder's.
+    for kind, peer, size in (("recv", 1, 4), ("send", 1, 4), ("recv", 2, 4), ("recv", 1, 5)):
+        fields = {"step": 9, "peer": peer, "digest": "cd" * 16, "nbytes": 8 * size}
+        fields["value"] = np.arange(float(size))
+        fast = viewlog._value_parts(kind, 300, 1.5, 2.5, fields)
+        slow = viewlog._encode_parts(
+            {"k": kind, "seq": 300, "t_mono": 1.5, "t_wall": 2.5, **fields}
+        )
+        assert b"".join(map(bytes, fast)) == b"".join(map(bytes, slow)), (kind, peer, size)
     # Written through the writer, both kinds read back as written; an oversized value record
     # is refused like any other, and nothing is written.
     path = tmp_path / "l"
