@@ -704,3 +704,50 @@ async def test_a_large_frame_in_transit_counts_as_life(cluster):
         assert a.connected == {2}
     finally:
         await rogue.close()
+
+
+async def test_writes_at_once_says_whether_a_send_reaches_its_socket_before_returning(cluster):
+    """``writes_at_once`` (what a peer's driver asks before it sends, to have its view-log
+    records written first when the frame goes out at once) agrees with what ``send_now`` does:
+    a small frame reaches the socket at the end of the loop's turn, one past ``COALESCE`` bytes
+    before ``send_now`` returns, and with injected faults the answer is yes."""
+    from coordinator_free.net.linkfaults import LinkFaults
+    from coordinator_free.net.transport import COALESCE
+    from coordinator_free.net.wire import encode_parts
+
+    nets = await build(cluster, [(0, 1)])
+    await wait_until(lambda: nets[0].connection_count(1) == 1)
+    writer = nets[0]._selected[1].writer
+    written: list[int] = []
+    real_write, real_writelines = writer.write, writer.writelines
+
+    def write(data):
+        written.append(len(data))
+        real_write(data)
+
+    def writelines(parts):
+        written.append(sum(map(len, parts)))
+        real_writelines(parts)
+
+    writer.write, writer.writelines = write, writelines
+    for k, floats in enumerate((8, COALESCE // 8 + 1, 8)):
+        msg = Message("value", 0, k, payload=np.ones(floats))
+        parts = encode_parts(msg)
+        at_once = nets[0].writes_at_once(1, parts)
+        assert at_once == (floats > 8)
+        assert nets[0].send_now(1, msg, parts=parts) is None
+        assert bool(written) == at_once, k  # before the turn ends
+        await asyncio.sleep(0)
+        assert written, k  # at its end at the latest
+        written.clear()
+        assert (await next_of(nets[1], Inbound)).message.step == k
+    assert not nets[0].writes_at_once(2, parts)  # no channel: send_now raises, writes nothing
+    with pytest.raises(ValueError, match="not a neighbour"):
+        nets[0].send_now(2, msg, parts=parts)
+
+    faulty = cluster.add(3, [4], faults=LinkFaults(delay_s=0.01))
+    cluster.add(4, [3])
+    for net in cluster.nets[-2:]:
+        await cluster.start(net)
+    await asyncio.gather(*(net.connect(5.0) for net in cluster.nets[-2:]))
+    assert faulty.writes_at_once(4, encode_parts(Message("value", 0, 0, payload=np.ones(8))))

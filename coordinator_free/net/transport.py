@@ -223,16 +223,23 @@ class _EventQueue(deque):
         w, sink, after = self._waiter, self._sink, self._after
         if w is None or sink is None or w.done() or not self:
             return  # the reader takes the events itself
-        back = None
+        back, failure = None, None
         try:
             while self:
                 back = sink(self.popleft())
                 if back is not None:
                     break
-            if after is not None:
+        except Exception as exc:
+            failure = exc
+        if after is not None:
+            # Also after a failure: what the callbacks hold (a peer's records) is handed on
+            # before the loop runs anything else (the turn's socket writes).
+            try:
                 after()
-        except Exception as exc:  # the reader raises it (``after`` is then the reader's)
-            w.set_exception(exc)
+            except Exception as exc:
+                failure = failure if failure is not None else exc
+        if failure is not None:  # the reader raises it (the sink's, when both failed)
+            w.set_exception(failure)
             return
         if back is not None:
             w.set_result(back)
@@ -751,6 +758,21 @@ class PeerNet:
         """``msg``'s envelope as pieces (``wire.encode_parts``), for :meth:`send_now`'s
         ``parts`` when one message goes to several peers."""
         return encode_parts(msg)
+
+    def writes_at_once(self, peer: int, parts: list) -> bool:
+        """Whether :meth:`send_now` of the envelope ``parts`` to ``peer`` may hand bytes to the
+        socket before it returns, instead of at the end of the event loop's turn (when the
+        writes of the turn go out together): a connection whose writes of this turn would pass
+        :data:`COALESCE` bytes, or one with injected faults (copies, corruption, delays).
+        What a caller must have on record before anything it sends leaves (a peer's view log)
+        it writes first only then; otherwise before it hands the loop back."""
+        conn = self._selected.get(peer)
+        if conn is None or conn.closed:
+            return False  # send_now raises PeerGone: nothing is written
+        faults = self._faults
+        if (faults is not None and faults.declared_any) or conn.delayed:
+            return True
+        return conn.wbytes + sum(map(len, parts)) + HEADER_SIZE + TAG_SIZE >= COALESCE
 
     def send_now(
         self,
