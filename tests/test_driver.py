@@ -84,37 +84,59 @@ async def test_idle_raises_what_the_sink_or_the_flush_raise():
     q.put(_value(1, 2))  # a flush that fails as the sink hands back is not lost either
     with pytest.raises(OSError, match="disk full"):
         await q.idle(10.0, lambda ev: "back", bad_flush)
+    # A sink that fails still has what it holds flushed before the loop goes on (the turn's
+    # socket writes come after); when both fail, the sink's error is the one raised.
+    flushed = []
+    q.put(_value(1, 3))
+    with pytest.raises(ValueError, match="engine failed"):
+        await q.idle(10.0, bad, lambda: flushed.append(True))
+    assert flushed == [True]
+    q.put(_value(1, 4))
+    with pytest.raises(ValueError, match="engine failed"):
+        await q.idle(10.0, bad, bad_flush)
 
 
 class _Vlog:
-    def __init__(self):
+    """Records written, and ``order``: each record's kind and each flush (``"flush"``) as they
+    come (a shared list, with the sends of a :class:`_Net` given the same one)."""
+
+    def __init__(self, order=None):
         self.records, self.held = [], False
+        self.order = [] if order is None else order
 
     def hold(self):
         self.held = True
 
     def flush(self):
         self.held = False
+        self.order.append("flush")
 
     def write_record(self, kind, fields):
         self.records.append((kind, dict(fields)))
+        self.order.append(kind)
 
 
 class _Net:
     """A network that takes sends at once, or makes them wait, or fails them (pure fake)."""
 
-    def __init__(self, wait_for=(), gone=()):
+    def __init__(self, wait_for=(), gone=(), at_once=(), order=None):
         self.q = _EventQueue()
         self.sent, self.wait_for, self.gone = [], set(wait_for), set(gone)
+        self.at_once = set(at_once)  # peers whose sends go to the socket before send_now returns
         self.waited = []
+        self.order = [] if order is None else order
 
     def encode(self, msg):
         return [b"x"]
+
+    def writes_at_once(self, peer, parts):
+        return peer in self.at_once
 
     def send_now(self, peer, msg, timeout, parts):
         if peer in self.gone:
             raise ConnectionError(f"node {peer} gone")
         self.sent.append((peer, msg.step))
+        self.order.append(("send", peer))
         if peer in self.wait_for:
 
             async def wait():
@@ -194,6 +216,24 @@ async def test_the_driver_waits_for_a_send_the_socket_did_not_take_and_logs_it_s
     sends = [(f["step"], f["peer"]) for k, f in vlog.records if k == "send"]
     assert sends == [(0, 1), (0, 2), (1, 1), (1, 2), (2, 1), (2, 2)]
     assert [k for k, _ in vlog.records] == ["send", "send"] + ["recv", "send", "send"] * 2
+
+
+async def test_a_step_s_records_leave_together_unless_a_send_goes_to_its_socket_at_once():
+    """The records the driver holds are flushed once, when it hands the loop back (after its
+    sends, which the transport writes at the end of the turn); a send the transport would write
+    at once has them flushed before it. The three values arrive together: one batch."""
+    sends = [("send", 1), ("send", 2), "send", "send"]
+    order: list = []
+    engine, net, vlog = _Engine([1, 2]), _Net(order=order), _Vlog(order)
+    await _drive(engine, net, vlog, [_value(1, 0), _value(1, 1), _value(1, 2)])
+    # The start's sends, then the batch (two steps and the finish), then the driver's end.
+    assert order == [*sends, "flush", "recv", *sends, "recv", *sends, "flush", "flush"]
+
+    order = []
+    engine, net, vlog = _Engine([1, 2]), _Net(at_once={2}, order=order), _Vlog(order)
+    await _drive(engine, net, vlog, [_value(1, 0), _value(1, 1), _value(1, 2)])
+    sends = [("send", 1), "flush", ("send", 2), "send", "send"]
+    assert order == [*sends, "flush", "recv", *sends, "recv", *sends, "flush", "flush"]
 
 
 async def test_the_driver_turns_a_failed_send_into_a_peer_down_for_the_engine():

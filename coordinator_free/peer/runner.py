@@ -383,9 +383,13 @@ class _Driver:
     back to the task, which goes on from where the callback stopped.
 
     The view log's records of the events handled back to back are held and handed to the
-    operating system together, in one vectored write, before the peer sends (what it saw
-    first) and before it waits on anything (the network, a timer, a socket that is not taking
-    a send): a step's records leave in two writes, its recv records and its send records."""
+    operating system together, in one vectored write, before the driver gives the event loop
+    back (the callbacks' end, or the task waiting on anything: the network, a timer, a socket
+    that is not taking a send). The transport hands the frames of a turn to their sockets
+    at the end of that turn, so what the peer saw reaches the operating system before anything
+    it sent after it: a step's records leave in one write. A send that the transport would
+    write at once (:meth:`PeerNet.writes_at_once`: a large frame, injected faults) has the
+    records held so far written first."""
 
     def __init__(self, engine, net, vlog, progress, deadline, outgoing) -> None:
         self.engine, self.net, self.vlog = engine, net, vlog
@@ -492,10 +496,6 @@ class _Driver:
                 i += 1
                 continue
             if kind is Send:
-                # What the node received reaches the operating system before anything it
-                # sends after it (a large frame goes to the socket at once).
-                vlog.flush()
-                vlog.hold()
                 batch, peers = [], set()
                 while i < n and type(actions[i]) is Send:
                     if actions[i].peer in peers:
@@ -508,9 +508,16 @@ class _Driver:
                 outcomes: list = []
                 waits = []
                 encoded, parts = None, None  # one message to several peers is encoded once
+                held = True  # records held that no frame has passed yet
                 for s in batch:
                     if s.message is not encoded:
                         encoded, parts = s.message, net.encode(s.message)
+                    if held and net.writes_at_once(s.peer, parts):
+                        # What the node received reaches the operating system before anything
+                        # it sends after it: a frame that goes to its socket now waits for it.
+                        vlog.flush()
+                        vlog.hold()
+                        held = False
                     try:
                         wait = net.send_now(s.peer, s.message, timeout=deadline, parts=parts)
                     except (ConnectionError, OSError) as exc:  # PeerGone
