@@ -451,3 +451,27 @@ def test_payload_data_lies_aligned_in_the_envelope(round_, step, payload):
         )
     assert decode_message(data) == msg == decode_message(bytearray(data))
     assert codec.unpack(data)["step"] == step and codec.unpack(data)["round"] == round_
+
+
+def test_value_message_is_the_checked_message():
+    """``value_message`` is ``Message(kind="value", round=0, ...)``: the same message (fields,
+    types, encoding) for a step's float64 vector, and for anything else the constructor's own
+    result or error."""
+    x = np.arange(8.0)
+    for step, payload in (
+        (0, x),
+        (wire.MAX_STEP, x[:1]),
+        (np.int64(3), x),
+        (3, x.astype(np.float32)),
+        (3, x.reshape(2, 4)),
+        (3, x[::2]),
+    ):
+        fast = wire.value_message(step, payload)
+        ref = Message(kind="value", round=0, step=step, payload=payload)
+        assert fast == ref and type(fast.step) is int and fast.meta == {}
+        assert wire.encode_message(fast) == wire.encode_message(ref)
+    for step, payload in ((-1, x), (wire.MAX_STEP + 1, x), (True, x), (1.0, x), (1, [1.0])):
+        with pytest.raises(WireError):
+            Message(kind="value", round=0, step=step, payload=payload)
+        with pytest.raises(WireError):
+            wire.value_message(step, payload)

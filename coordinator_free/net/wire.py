@@ -632,6 +632,22 @@ def _decode_canonical(data: bytes) -> Message | None:
     return _checked(kind, round_, step, payload)
 
 
+def value_message(step: int, payload: np.ndarray) -> Message:
+    """``Message(kind="value", round=0, step=step, payload=payload)``: a step's value, as a step
+    engine sends it every step. A step that is a plain int in range and a 1-d float64 array
+    (what the checks of :class:`Message` let through unchanged) skip the dataclass's
+    constructor; anything else goes through it, and its checks."""
+    if (
+        type(step) is int
+        and 0 <= step <= MAX_STEP
+        and type(payload) is np.ndarray
+        and payload.dtype is codec.FLOAT64
+        and payload.ndim == 1
+    ):
+        return _checked("value", 0, step, payload)
+    return Message(kind="value", round=0, step=step, payload=payload)
+
+
 def _checked(kind: str, round_: int, step: int, payload: np.ndarray | None) -> Message:
     """A message without meta from fields the caller has checked as :class:`Message` checks
     them (a readers' shortcut past the dataclass's own checks)."""
