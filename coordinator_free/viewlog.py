@@ -126,6 +126,9 @@ FORBIDDEN_FIELDS = frozenset(
 RESERVED_FIELDS = frozenset({"k", "seq", "t_mono", "t_wall"})
 #: Record kinds the writer emits itself.
 RESERVED_KINDS = frozenset({"header", "resume"})
+#: The kinds of value record :meth:`ViewLogWriter.write_value` writes without a check of the
+#: kind (any other kind goes through :meth:`ViewLogWriter.write_record`'s checks).
+VALUE_KINDS = frozenset({"send", "recv"})
 
 
 class ViewLogError(CfreeError, ValueError):
@@ -586,26 +589,48 @@ def _value_parts(kind: str, seq: int, t_mono: float, t_wall: float, fields: dict
     and optionally a 1-d float64 ``value``, in that order, as the step engine writes them at
     every step) built directly, without the general encoder: the same bytes as
     :func:`_encode_parts` of ``{"k", "seq", "t_mono", "t_wall", **fields}``. None for any other
-    form of record (or one that must be refused), which then goes the general way. The bytes
-    that stay the same from step to step (kind, peer, sizes: :func:`_value_template`) are
-    built once per form and kept."""
+    form of record (or one that must be refused), which then goes the general way."""
     keys = tuple(fields)
     if keys == _VALUE_FIELDS:
-        value, size = None, 0
+        value = None
     elif keys == _VALUE_FIELDS_WITH_VALUE:
         value = fields["value"]
-        if (
-            type(value) is not np.ndarray
-            or value.dtype is not FLOAT64
-            or value.ndim != 1
-            or not value.size
-            or not value.flags.c_contiguous
-        ):
+        if value is None:  # a None value is a field like any other, for the general encoder
             return None
-        size = len(value)
     else:
         return None
-    peer, nbytes = fields["peer"], fields["nbytes"]
+    step, peer, digest, nbytes = fields["step"], fields["peer"], fields["digest"], fields["nbytes"]
+    return _value_record_parts(kind, seq, t_mono, t_wall, step, peer, digest, nbytes, value)
+
+
+def _value_fields(step, peer, digest, nbytes, value) -> dict:
+    """The fields of a value record as a dict, in the order a record holds them."""
+    fields = {"step": step, "peer": peer, "digest": digest, "nbytes": nbytes}
+    if value is not None:
+        fields["value"] = value
+    return fields
+
+
+def _value_record_parts(
+    kind: str, seq: int, t_mono: float, t_wall: float, step, peer, digest, nbytes, value
+) -> list | None:
+    """:func:`_value_parts` of the fields ``step, peer, digest, nbytes`` and, unless ``value``
+    is None, ``value``, given one by one (:meth:`ViewLogWriter.write_value`). None when they
+    are not plain unsigned ints, an ASCII digest of at most 255 characters and a non-empty
+    contiguous 1-d float64 vector. The bytes that stay the same from step to step (kind, peer,
+    sizes: :func:`_value_template`) are built once per form and kept."""
+    if value is None:
+        size = 0
+    elif (
+        type(value) is not np.ndarray
+        or value.dtype is not FLOAT64
+        or value.ndim != 1
+        or not value.size
+        or not value.flags.c_contiguous
+    ):
+        return None
+    else:
+        size = len(value)
     if type(peer) is not int or type(nbytes) is not int:  # (a bool is no msgpack int)
         return None
     form = (kind, peer, nbytes, size)
@@ -617,7 +642,6 @@ def _value_parts(kind: str, seq: int, t_mono: float, t_wall: float, fields: dict
         if len(_VALUE_TEMPLATES) < _VALUE_TEMPLATES_MAX:
             _VALUE_TEMPLATES[form] = template
     pre, mid, tail = template
-    step, digest = fields["step"], fields["digest"]
     # A small step (the common case) without a call.
     step = _SMALL_UINTS[step] if type(step) is int and 0 <= step < 0x80 else _uint(step)
     if step is None or type(digest) is not str or len(digest) > 255 or not digest.isascii():
@@ -824,7 +848,22 @@ class ViewLogWriter:
             raise ValueError(f"field names {sorted(clash)} are filled in by the writer")
         return self._write_record(kind, fields, checked=False)
 
-    def _write_record(self, kind: str, fields: dict, checked: bool = True) -> int:
+    def write_value(
+        self, kind: str, step: int, peer: int, digest: str, nbytes: int, value=None
+    ) -> int:
+        """Append a value record, as :meth:`write_record` of ``kind`` and ``{"step", "peer",
+        "digest", "nbytes"}`` (and ``"value"`` unless ``value`` is None) would, byte for byte:
+        what a step engine's :class:`~coordinator_free.engine.events.ValueLog` (a ``send`` or
+        ``recv`` at every step) becomes, without a dict. Return its seq."""
+        if kind not in VALUE_KINDS:  # any other kind is checked the general way
+            return self.write_record(kind, _value_fields(step, peer, digest, nbytes, value))
+        return self._write_record(kind, None, True, (step, peer, digest, nbytes, value))
+
+    def _write_record(
+        self, kind: str, fields: dict | None, checked: bool = True, value_fields=None
+    ) -> int:
+        """Append a record of ``kind`` with ``fields``, or (``fields`` None) the value record
+        of the fields ``value_fields``: ``(step, peer, digest, nbytes, value)``."""
         with self._lock:
             if self._fd is None:
                 raise ValueError(f"view log {self.path} is closed")
@@ -834,7 +873,14 @@ class ViewLogWriter:
             t_mono, t_wall = time.monotonic(), time.time()
             # A value record (every step's send and recv) is encoded directly; its fields are
             # plain numbers, a hex digest and a float64 vector, which need no name checks.
-            parts = _value_parts(kind, seq, t_mono, t_wall, fields) if len(fields) < 6 else None
+            if fields is None:
+                parts = _value_record_parts(kind, seq, t_mono, t_wall, *value_fields)
+                if parts is None:
+                    fields = _value_fields(*value_fields)
+            elif len(fields) < 6:
+                parts = _value_parts(kind, seq, t_mono, t_wall, fields)
+            else:
+                parts = None
             if parts is None:
                 if not checked:
                     check_fields(fields, kind)

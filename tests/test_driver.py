@@ -186,7 +186,7 @@ class _Engine:
 class _Progress:
     reader_gone = False
 
-    def emit(self, **fields):
+    def emit_event(self, fields):
         pass
 
 

@@ -234,6 +234,48 @@ def test_value_records_are_encoded_directly_as_the_general_encoder_does(tmp_path
     assert np.array_equal(log.records[-1]["value"], np.arange(1000.0))
 
 
+def test_value_records_written_field_by_field_are_those_of_the_dict(tmp_path, monkeypatch):
+    """``write_value`` (a step engine's ``ValueLog``, no dict) writes the bytes ``write_record``
+    writes of the same fields, for send and recv, with and without the value, and for fields
+    the direct encoding declines (which then go the general way); another kind goes through
+    ``write_record``'s checks; an ``ValueLog`` reads as the ``Log`` of its dict."""
+    from coordinator_free.engine.events import Log, ValueLog
+
+    clock = iter(range(1, 10_000))
+    monkeypatch.setattr(viewlog.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(viewlog.time, "time", lambda: 1.7e9)
+    value = np.arange(8.0)
+    cases = [
+        ("send", 3, 1, "ab" * 16, 64, None),
+        ("recv", 3, 15, "cd" * 16, 64, value),
+        ("recv", 300, 2, "ef" * 16, 64, None),
+        ("recv", 4, True, "ab", 64, value),  # a bool peer: the general way
+        ("send", 4, 1, "ab", 64, value[::2]),  # not contiguous: the general way
+        ("late", 2, 1, "ab", 64, value),  # another kind: write_record
+    ]
+    paths = {}
+    for how in ("dict", "fields"):
+        path = paths[how] = tmp_path / how
+        with ViewLogWriter(path, run_id="r", node=0, params={}) as w:
+            for kind, step, peer, digest, nbytes, v in cases:
+                log = ValueLog(kind, step, peer, digest, nbytes, v)
+                if how == "dict":
+                    w.write_record(kind, log.fields)
+                else:
+                    w.write_value(kind, step, peer, digest, nbytes, v)
+                assert log == Log(kind, log.fields) and Log(kind, log.fields) == log
+                assert ("value" in log.fields) == (v is not None)
+            with pytest.raises(ValueError, match="reserved"):
+                w.write_value("header", 1, 1, "ab", 8)
+            with pytest.raises(ValueError, match="cannot encode"):
+                w.write_value("recv", 1, 1, "ab", 8, object())
+        clock = iter(range(1, 10_000))  # the second log's records get the first's times
+    assert paths["dict"].read_bytes() == paths["fields"].read_bytes()
+    records = read_viewlog(paths["fields"]).records
+    assert [r["k"] for r in records] == [c[0] for c in cases]
+    assert "value" not in records[0] and np.array_equal(records[1]["value"], value)
+
+
 def test_held_records_go_out_together_at_flush_in_order(tmp_path):
     path = tmp_path / "held.vlog"
     with ViewLogWriter(path, run_id="r", node=0, params={}) as w:

@@ -67,6 +67,42 @@ class Log:
     fields: dict
 
 
+class ValueLog(Log):
+    """A value record (a ``send`` or ``recv`` at every step: ``step``, ``peer``, ``digest``,
+    ``nbytes`` and, logged, the ``value``) held field by field: the peer's driver writes it
+    without building a dict (``ViewLogWriter.write_value``). ``fields`` gives the same record
+    as a :class:`Log`'s dict, for every other reader; equal to the :class:`Log` of that dict."""
+
+    __slots__ = ("step", "peer", "digest", "nbytes", "value")
+
+    def __init__(
+        self, kind: str, step: int, peer: int, digest: str, nbytes: int, value=None
+    ) -> None:
+        self.kind = kind
+        self.step, self.peer, self.digest, self.nbytes, self.value = (
+            step,
+            peer,
+            digest,
+            nbytes,
+            value,
+        )
+
+    @property
+    def fields(self) -> dict:  # type: ignore[override]
+        fields = {"step": self.step, "peer": self.peer, "digest": self.digest}
+        fields["nbytes"] = self.nbytes
+        if self.value is not None:
+            fields["value"] = self.value
+        return fields
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Log):
+            return (self.kind, self.fields) == (other.kind, other.fields)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # as a Log's
+
+
 @dataclass(slots=True)
 class Send:
     """Send ``message`` to ``peer`` within the step deadline; once it went out, write the

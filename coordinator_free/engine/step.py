@@ -47,8 +47,9 @@ from coordinator_free.engine.events import (
     Outbox,
     PeerDown,
     PeerUp,
+    ValueLog,
 )
-from coordinator_free.net.wire import Message
+from coordinator_free.net.wire import Message, value_message
 from coordinator_free.viewlog import value_digest
 
 # How long after a neighbour's channel went down we keep waiting for it at step deadlines (the
@@ -309,9 +310,9 @@ class StepEngine:
         msg: Message | None = None,
     ) -> None:
         sha = digest(value) if sha is None else sha
-        on_sent = Log("send", {"step": step, "peer": peer, "digest": sha, "nbytes": value.nbytes})
+        on_sent = ValueLog("send", step, peer, sha, value.nbytes)
         if msg is None:
-            msg = Message(kind="value", round=0, step=step, payload=value)
+            msg = value_message(step, value)
         self.out.send(peer, msg, on_sent)
 
     def _begin_exchange(self, req: Exchange, now: float) -> None:
@@ -319,7 +320,7 @@ class StepEngine:
         partners = self.partners_at(t)
         # One value to every partner: one digest, one message (the driver encodes it once).
         sha = digest(req.value)
-        msg = Message(kind="value", round=0, step=t, payload=req.value)
+        msg = value_message(t, req.value)
         for w in partners:
             if w not in self.down and w not in self.finished_peers:
                 self._send_value(w, t, req.value, sha, msg)
@@ -382,9 +383,12 @@ class StepEngine:
             self._inbound(t, ev.peer, ev.message, self._got)
 
     def _log_value(self, kind: str, step: int, peer: int, value: np.ndarray, **extra) -> None:
+        if not extra:  # a recv: its fields held one by one
+            logged = value if self.log_values else None
+            self.out.actions.append(ValueLog(kind, step, peer, digest(value), value.nbytes, logged))
+            return
         fields = {"step": step, "peer": peer, "digest": digest(value), "nbytes": value.nbytes}
-        if extra:
-            fields.update(extra)
+        fields.update(extra)
         if self.log_values:
             fields["value"] = value
         self.out.actions.append(Log(kind, fields))

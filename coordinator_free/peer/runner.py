@@ -40,6 +40,7 @@ from coordinator_free.engine.events import (
     Log,
     PeerDown,
     Send,
+    ValueLog,
 )
 from coordinator_free.engine.events import Progress as ProgressAction
 from coordinator_free.families import family_of, shared_plan
@@ -96,6 +97,11 @@ class Progress:
         self._last_step = -math.inf
 
     def emit(self, **event) -> None:
+        self.emit_event(event)
+
+    def emit_event(self, event: dict) -> None:
+        """:meth:`emit` of the fields of ``event`` (read, not kept): an engine's progress
+        action, passed on without a copy."""
         if (
             self._every_s > 0
             and event.get("event") == "step"
@@ -491,7 +497,11 @@ class _Driver:
         while i < n:
             a = actions[i]
             kind = type(a)
-            if kind is Log:  # the most common action: a record
+            if kind is ValueLog:  # the most common action: a value record
+                vlog.write_value(a.kind, a.step, a.peer, a.digest, a.nbytes, a.value)
+                i += 1
+                continue
+            if kind is Log:
                 vlog.write_record(a.kind, a.fields)
                 i += 1
                 continue
@@ -531,7 +541,7 @@ class _Driver:
                 self._sent(batch, outcomes)
                 continue
             if kind is ProgressAction:
-                self.progress.emit(**a.fields)
+                self.progress.emit_event(a.fields)
                 if a.abort is not None and self.progress.reader_gone:
                     what, when = a.abort
                     vlog.write("aborted", step=a.fields["step"], reason="the launcher went away")
@@ -544,16 +554,18 @@ class _Driver:
     def _sent(self, batch: list, outcomes: list) -> None:
         """The outcomes of a batch of sends: a ``send`` record for each one sent, a PeerDown
         queued for each one that failed."""
+        vlog = self.vlog
         for s, res in zip(batch, outcomes, strict=True):
-            if res is None:  # sent
-                if s.on_sent is not None:
-                    self.vlog.write_record(s.on_sent.kind, s.on_sent.fields)
+            if res is None or not isinstance(res, BaseException):  # sent
+                a = s.on_sent
+                if type(a) is ValueLog:
+                    vlog.write_value(a.kind, a.step, a.peer, a.digest, a.nbytes, a.value)
+                elif a is not None:
+                    vlog.write_record(a.kind, a.fields)
             elif isinstance(res, (ConnectionError, OSError)):  # PeerGone, PeerUnreachable
                 self.failed.append(PeerDown(s.peer, f"send failed: {type(res).__name__}: {res}"))
-            elif isinstance(res, BaseException):
+            else:
                 raise res
-            elif s.on_sent is not None:
-                self.vlog.write_record(s.on_sent.kind, s.on_sent.fields)
 
 
 def channel_addresses(net, neighbours) -> dict:
