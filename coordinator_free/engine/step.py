@@ -83,7 +83,7 @@ def all_finite(value: np.ndarray) -> bool:
     floats, which spares numpy's boolean array and its reduction (8 floats: 0.7 against 2.0
     us); a larger one entry by entry in numpy."""
     if value.size <= _FINITE_AS_FLOATS:
-        return all(map(math.isfinite, value.ravel().tolist()))
+        return all(map(math.isfinite, (value if value.ndim == 1 else value.ravel()).tolist()))
     return bool(np.isfinite(value).all())
 
 

@@ -652,10 +652,7 @@ def _checked(kind: str, round_: int, step: int, payload: np.ndarray | None) -> M
     """A message without meta from fields the caller has checked as :class:`Message` checks
     them (a readers' shortcut past the dataclass's own checks)."""
     msg = object.__new__(Message)
-    setattr_ = object.__setattr__
-    setattr_(msg, "kind", kind)
-    setattr_(msg, "round", round_)
-    setattr_(msg, "step", step)
-    setattr_(msg, "payload", payload)
-    setattr_(msg, "meta", {})
+    # The instance's attributes set at once (one call, not five): those the constructor sets.
+    fields = {"kind": kind, "round": round_, "step": step, "payload": payload, "meta": {}}
+    object.__setattr__(msg, "__dict__", fields)
     return msg

@@ -18,10 +18,10 @@ def gossip(ctx, plan, node: int, t0: int, count: int, current: np.ndarray):
     previous: np.ndarray | None = None
     # The weights change at most from one round to the next (time-varying graphs), never
     # within the steps of one call.
-    row = plan.row_at(node, t0)
+    items = sorted(plan.row_at(node, t0).items())  # the step_terms order, made once
     for t in range(t0, t0 + count):
         got = yield Exchange(t, current)
-        terms = mf.step_terms(row, node, current, got)
+        terms = mf.ordered_terms(items, node, current, got)
         nxt = mf.gossip_update(terms, plan.gamma_at(t), previous)
         previous, current = current, nxt
         ctx.out.progress(("after step", t + 1), event="step", node=node, step=t + 1, of=plan.steps)

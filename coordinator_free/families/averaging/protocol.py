@@ -280,13 +280,16 @@ def step_terms(
     row: dict[int, float], own: int, own_value: np.ndarray, received: dict[int, np.ndarray]
 ) -> list[tuple[float, np.ndarray]]:
     """Build the (weight, value) terms for :func:`gossip_update`: missing neighbours -> own value."""
-    out = []
-    for w in sorted(row):
-        if w == own:
-            out.append((row[w], own_value))
-        else:
-            out.append((row[w], received.get(w, own_value)))
-    return out
+    return ordered_terms(sorted(row.items()), own, own_value, received)
+
+
+def ordered_terms(
+    items: list[tuple[int, float]], own: int, own_value: np.ndarray, received: dict
+) -> list[tuple[float, np.ndarray]]:
+    """:func:`step_terms` of a row given as its ``(node, weight)`` items in increasing node
+    order (``sorted(row.items())``, made once for the steps that share the row)."""
+    get = received.get
+    return [(wt, own_value if w == own else get(w, own_value)) for w, wt in items]
 
 
 def steps_per_second(steps: int, seconds: float) -> float:
