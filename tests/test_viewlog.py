@@ -239,6 +239,9 @@ def test_value_records_written_field_by_field_are_those_of_the_dict(tmp_path, mo
     writes of the same fields, for send and recv, with and without the value, and for fields
     the direct encoding declines (which then go the general way); another kind goes through
     ``write_record``'s checks; an ``ValueLog`` reads as the ``Log`` of its dict."""
+    import copy
+    import pickle
+
     from coordinator_free.engine.events import Log, ValueLog
 
     clock = iter(range(1, 10_000))
@@ -264,6 +267,9 @@ def test_value_records_written_field_by_field_are_those_of_the_dict(tmp_path, mo
                 else:
                     w.write_value(kind, step, peer, digest, nbytes, v)
                 assert log == Log(kind, log.fields) and Log(kind, log.fields) == log
+                for copied in (copy.deepcopy(log), pickle.loads(pickle.dumps(log))):
+                    assert type(copied) is ValueLog and copied.fields.keys() == log.fields.keys()
+                    assert repr(copied) == repr(log)
                 assert ("value" in log.fields) == (v is not None)
             with pytest.raises(ValueError, match="reserved"):
                 w.write_value("header", 1, 1, "ab", 8)

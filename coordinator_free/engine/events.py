@@ -102,6 +102,9 @@ class ValueLog(Log):
 
     __hash__ = None  # type: ignore[assignment]  # as a Log's
 
+    def __reduce__(self):  # copied and pickled by its fields (``fields`` cannot be set)
+        return ValueLog, (self.kind, self.step, self.peer, self.digest, self.nbytes, self.value)
+
 
 @dataclass(slots=True)
 class Send:
