@@ -603,8 +603,9 @@ def _value_parts(kind: str, seq: int, t_mono: float, t_wall: float, fields: dict
     return _value_record_parts(kind, seq, t_mono, t_wall, step, peer, digest, nbytes, value)
 
 
-def _value_fields(step, peer, digest, nbytes, value) -> dict:
-    """The fields of a value record as a dict, in the order a record holds them."""
+def value_fields(step, peer, digest, nbytes, value=None) -> dict:
+    """The fields of a value record as a dict, in the order a record holds them (``value``
+    only when it is not None)."""
     fields = {"step": step, "peer": peer, "digest": digest, "nbytes": nbytes}
     if value is not None:
         fields["value"] = value
@@ -856,14 +857,14 @@ class ViewLogWriter:
         what a step engine's :class:`~coordinator_free.engine.events.ValueLog` (a ``send`` or
         ``recv`` at every step) becomes, without a dict. Return its seq."""
         if kind not in VALUE_KINDS:  # any other kind is checked the general way
-            return self.write_record(kind, _value_fields(step, peer, digest, nbytes, value))
+            return self.write_record(kind, value_fields(step, peer, digest, nbytes, value))
         return self._write_record(kind, None, True, (step, peer, digest, nbytes, value))
 
     def _write_record(
-        self, kind: str, fields: dict | None, checked: bool = True, value_fields=None
+        self, kind: str, fields: dict | None, checked: bool = True, value_args=None
     ) -> int:
         """Append a record of ``kind`` with ``fields``, or (``fields`` None) the value record
-        of the fields ``value_fields``: ``(step, peer, digest, nbytes, value)``."""
+        of the fields ``value_args``: ``(step, peer, digest, nbytes, value)``."""
         with self._lock:
             if self._fd is None:
                 raise ValueError(f"view log {self.path} is closed")
@@ -874,9 +875,9 @@ class ViewLogWriter:
             # A value record (every step's send and recv) is encoded directly; its fields are
             # plain numbers, a hex digest and a float64 vector, which need no name checks.
             if fields is None:
-                parts = _value_record_parts(kind, seq, t_mono, t_wall, *value_fields)
+                parts = _value_record_parts(kind, seq, t_mono, t_wall, *value_args)
                 if parts is None:
-                    fields = _value_fields(*value_fields)
+                    fields = value_fields(*value_args)
             elif len(fields) < 6:
                 parts = _value_parts(kind, seq, t_mono, t_wall, fields)
             else:

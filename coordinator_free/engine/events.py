@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from coordinator_free.net.wire import Message
+from coordinator_free.viewlog import value_fields
 
 # ------------------------------------------------------------------------------------ events
 
@@ -78,22 +79,12 @@ class ValueLog(Log):
     def __init__(
         self, kind: str, step: int, peer: int, digest: str, nbytes: int, value=None
     ) -> None:
-        self.kind = kind
-        self.step, self.peer, self.digest, self.nbytes, self.value = (
-            step,
-            peer,
-            digest,
-            nbytes,
-            value,
-        )
+        self.kind, self.step, self.peer = kind, step, peer
+        self.digest, self.nbytes, self.value = digest, nbytes, value
 
     @property
     def fields(self) -> dict:  # type: ignore[override]
-        fields = {"step": self.step, "peer": self.peer, "digest": self.digest}
-        fields["nbytes"] = self.nbytes
-        if self.value is not None:
-            fields["value"] = self.value
-        return fields
+        return value_fields(self.step, self.peer, self.digest, self.nbytes, self.value)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Log):
