@@ -8,7 +8,8 @@ runs as real peer processes and shows what it is for, read from what the run pri
 * local DP is at most ``baseline.PRACTICAL_LDP_EPS`` (10), or the run prints why not (the
   ``ldp_above`` reason of audit.json's ``baseline`` block, in the output);
 * the result is within its yardstick: ``yardstick.far`` is false (ratio at most the yardstick's
-  own threshold).
+  own threshold). A run's noise is fresh, so a single run past the threshold is run once more,
+  and two runs past it fail.
 
 Both run in the slow suite (the quick default's 6-minute budget has no room for 17 real-process
 runs): every example shrunk where a full run takes long (``QUICK``), and every example at its own
@@ -70,22 +71,40 @@ def _run(path: Path, sets: list[str], cwd: Path) -> tuple[str, Path]:
     return p.stdout, Path(m.group(1))
 
 
-def check_example(path: Path, sets: list[str], cwd: Path) -> dict:
+def _completed_run(path: Path, sets: list[str], cwd: Path) -> tuple[str, dict, dict]:
+    """One run of the example: its output, summary.json and audit.json, checked complete."""
     name = path.stem
     out, run_dir = _run(path, sets, cwd)
-    text = " ".join(out.split())  # the output's wrapped sentences, one line
     summary = json.loads((run_dir / "summary.json").read_text())
     audit = json.loads((run_dir / "audit.json").read_text())
     assert not summary.get("failed"), f"{name}: nodes failed: {summary['failed']}"
     assert summary.get("completed_as_planned") is not False, f"{name}: not completed as planned"
-
     y = summary.get("yardstick")
     assert isinstance(y, dict) and y.get("measured") is not None, f"{name}: no yardstick"
-    assert y["far"] is False, (
-        f"{name}: error {y['measured']} is far from the yardstick {y['expected']} "
-        f"(ratio {y['ratio']} > {y['threshold']})"
-    )
     assert "yardstick:" in out
+    return out, summary, audit
+
+
+def check_example(path: Path, sets: list[str], cwd: Path) -> dict:
+    name = path.stem
+    out, summary, audit = _completed_run(path, sets, cwd)
+    y = summary["yardstick"]
+    if y["far"]:
+        # Each run draws fresh secret noise, so one run of a noisy example lands past the
+        # threshold now and then: dsgd-breast-cancer did in 1 of 2,000 noise draws of the
+        # simulator (ratio 3.07 > 3). A second, independent run tells that draw from a defect,
+        # which pushes every run out (both far by chance: about 1 in 4 million).
+        first = y
+        second_dir = cwd / "second-run"
+        second_dir.mkdir()
+        out, summary, audit = _completed_run(path, sets, second_dir)
+        y = summary["yardstick"]
+        assert y["far"] is False, (
+            f"{name}: two runs far from the yardstick: error {first['measured']} then "
+            f"{y['measured']} against {y['expected']} (ratios {first['ratio']}, {y['ratio']} > "
+            f"{y['threshold']})"
+        )
+    text = " ".join(out.split())  # the output's wrapped sentences, one line
 
     block = audit.get("baseline") or {}
     ldp = block.get("ldp_eps", (audit.get("ldp") or {}).get("eps"))
