@@ -538,16 +538,15 @@ def _encode_parts(record: dict) -> list:
 _VALUE_FIELDS = ("step", "peer", "digest", "nbytes")
 _VALUE_FIELDS_WITH_VALUE = (*_VALUE_FIELDS, "value")
 _KEYS = {k: pack(k) for k in ("k", "seq", "t_mono", "t_wall", *_VALUE_FIELDS_WITH_VALUE)}
-#: ``t_mono: <float 64>, t_wall: <float 64>`` (msgpack writes floats in 64 bits, marker 0xcb).
-_TIMES = struct.Struct(f">{len(_KEYS['t_mono']) + 1}sd{len(_KEYS['t_wall']) + 1}sd")
-_T_MONO, _T_WALL = _KEYS["t_mono"] + b"\xcb", _KEYS["t_wall"] + b"\xcb"
 _SMALL_UINTS = [bytes((i,)) for i in range(0x80)]
-#: msgpack's uint 16: the ``seq`` of most records (256 .. 65535).
-_SEQ16 = struct.Struct(">BH")
-#: The fixed bytes of value records (:func:`_value_template`) by form: (kind, peer, nbytes,
-#: the value's length or 0); a peer writes a few forms (two kinds, one per neighbour).
-_VALUE_TEMPLATES: dict[tuple, tuple[bytes, bytes, bytes]] = {}
-_VALUE_TEMPLATES_MAX = 1024
+#: A record's head of one form (:func:`_value_record_parts`) packs with these: a msgpack
+#: unsigned int by width (the marker byte goes with the constant bytes before it).
+_UINT_FORMS = ((b"", "B"), (b"\xcc", "B"), (b"\xcd", "H"), (b"\xce", "I"), (b"\xcf", "Q"))
+#: The heads of value records by form (:func:`_value_head`): (kind, peer, nbytes, the value's
+#: length or 0, the widths of seq and step, the digest's length); a peer writes a few forms
+#: (two kinds, one per neighbour, a width or two of its counters).
+_VALUE_HEADS: dict[tuple, tuple] = {}
+_VALUE_HEADS_MAX = 1024
 
 
 def _uint(x) -> bytes | None:
@@ -567,21 +566,47 @@ def _uint(x) -> bytes | None:
     return None
 
 
-def _value_template(kind: str, peer: int, nbytes: int, value) -> tuple[bytes, bytes, bytes] | None:
-    """The fixed bytes of a value record of ``kind`` from ``peer`` (``nbytes``, ``value`` None
-    or a 1-d float64 vector): those before its ``seq`` (the map's header, ``k`` and the kind,
-    the key ``seq``), those between its ``step`` and its digest (``peer``, the key ``digest``)
-    and those after the digest (``nbytes``, the value's key and array extension header). None
-    when ``peer`` or ``nbytes`` is not a msgpack unsigned int."""
+def _uint_width(x: int) -> int | None:
+    """The index in :data:`_UINT_FORMS` of msgpack's form of a non-negative int (None when
+    it is negative or needs more than 64 bits)."""
+    if x < 0:
+        return None
+    if x < 0x80:
+        return 0
+    if x < 0x100:
+        return 1
+    if x < 0x10000:
+        return 2
+    if x < 0x100000000:
+        return 3
+    if x < 0x10000000000000000:
+        return 4
+    return None
+
+
+def _value_head(kind: str, peer: int, nbytes: int, value, seq_w: int, step_w: int, nd: int):
+    """How a value record of one form is packed: a :class:`struct.Struct` and the constant
+    bytes between its variable fields, ``(packer, c1, c2, c3, c4, c5, c6)``, where the head is
+    ``packer.pack(c1, seq, c2, t_mono, c3, t_wall, c4, step, c5, digest, c6)``: the map's
+    header, ``k`` and the kind and the key ``seq`` (with the seq's marker), the two times, the
+    key ``step`` (with its marker), ``peer`` and the key ``digest`` with the digest's string
+    header (``nd`` ASCII characters), ``nbytes``, and the value's key and array extension
+    header. None when ``peer`` or ``nbytes`` is not a msgpack unsigned int."""
     peer_b, nbytes_b = _uint(peer), _uint(nbytes)
     if peer_b is None or nbytes_b is None:
         return None
-    pre = b"".join((b"\x88" if value is None else b"\x89", _KEYS["k"], pack(kind), _KEYS["seq"]))
-    mid = b"".join((_KEYS["peer"], peer_b, _KEYS["digest"]))
-    tail = _KEYS["nbytes"] + nbytes_b
+    (seq_m, seq_f), (step_m, step_f) = _UINT_FORMS[seq_w], _UINT_FORMS[step_w]
+    header = b"\x88" if value is None else b"\x89"
+    c1 = b"".join((header, _KEYS["k"], pack(kind), _KEYS["seq"], seq_m))
+    c2, c3 = _KEYS["t_mono"] + b"\xcb", _KEYS["t_wall"] + b"\xcb"  # msgpack's float 64
+    c4 = _KEYS["step"] + step_m
+    c5 = b"".join((_KEYS["peer"], peer_b, _KEYS["digest"]))
+    c5 += bytes((0xA0 | nd,)) if nd < 32 else bytes((0xD9, nd))
+    c6 = _KEYS["nbytes"] + nbytes_b
     if value is not None:
-        tail += _array_parts("value", value)[0]
-    return pre, mid, tail
+        c6 += _array_parts("value", value)[0]
+    fmt = f">{len(c1)}s{seq_f}{len(c2)}sd{len(c3)}sd{len(c4)}s{step_f}{len(c5)}s{nd}s{len(c6)}s"
+    return struct.Struct(fmt), c1, c2, c3, c4, c5, c6
 
 
 def _value_parts(kind: str, seq: int, t_mono: float, t_wall: float, fields: dict) -> list | None:
@@ -618,8 +643,8 @@ def _value_record_parts(
     """:func:`_value_parts` of the fields ``step, peer, digest, nbytes`` and, unless ``value``
     is None, ``value``, given one by one (:meth:`ViewLogWriter.write_value`). None when they
     are not plain unsigned ints, an ASCII digest of at most 255 characters and a non-empty
-    contiguous 1-d float64 vector. The bytes that stay the same from step to step (kind, peer,
-    sizes: :func:`_value_template`) are built once per form and kept."""
+    contiguous 1-d float64 vector. A record's head is one packing of its form's
+    :func:`_value_head`, built once per form and kept."""
     if value is None:
         size = 0
     elif (
@@ -632,35 +657,26 @@ def _value_record_parts(
         return None
     else:
         size = len(value)
-    if type(peer) is not int or type(nbytes) is not int:  # (a bool is no msgpack int)
+    # (a bool is no msgpack int)
+    if type(peer) is not int or type(nbytes) is not int or type(step) is not int:
         return None
-    form = (kind, peer, nbytes, size)
-    template = _VALUE_TEMPLATES.get(form)
-    if template is None:
-        template = _value_template(kind, peer, nbytes, value)
-        if template is None:
+    if type(digest) is not str or len(digest) > 255 or not digest.isascii():
+        return None
+    # The widths of the common case (seq past 255, step below 65,536) without a call.
+    seq_w = 2 if 0x100 <= seq < 0x10000 else _uint_width(seq)
+    step_w = (1 if step < 0x100 else 2) if 0x80 <= step < 0x10000 else _uint_width(step)
+    if seq_w is None or step_w is None:
+        return None
+    form = (kind, peer, nbytes, size, seq_w, step_w, len(digest))
+    head = _VALUE_HEADS.get(form)
+    if head is None:
+        head = _value_head(kind, peer, nbytes, value, seq_w, step_w, len(digest))
+        if head is None:
             return None
-        if len(_VALUE_TEMPLATES) < _VALUE_TEMPLATES_MAX:
-            _VALUE_TEMPLATES[form] = template
-    pre, mid, tail = template
-    # A small step (the common case) without a call.
-    step = _SMALL_UINTS[step] if type(step) is int and 0 <= step < 0x80 else _uint(step)
-    if step is None or type(digest) is not str or len(digest) > 255 or not digest.isascii():
-        return None
-    d = digest.encode("ascii")
-    head = b"".join(
-        (
-            pre,
-            _SEQ16.pack(0xCD, seq) if 0x100 <= seq < 0x10000 else _uint(seq),
-            _TIMES.pack(_T_MONO, t_mono, _T_WALL, t_wall),
-            _KEYS["step"],
-            step,
-            mid,
-            bytes((0xA0 | len(d),)) if len(d) < 32 else bytes((0xD9, len(d))),
-            d,
-            tail,
-        )
-    )
+        if len(_VALUE_HEADS) < _VALUE_HEADS_MAX:
+            _VALUE_HEADS[form] = head
+    packer, c1, c2, c3, c4, c5, c6 = head
+    head = packer.pack(c1, seq, c2, t_mono, c3, t_wall, c4, step, c5, digest.encode(), c6)
     if value is None:
         return [FRAME.pack(len(head), crc32(head)) + head]
     length = len(head) + 8 * size

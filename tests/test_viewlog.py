@@ -176,8 +176,9 @@ def test_value_records_are_encoded_directly_as_the_general_encoder_does(tmp_path
                 if size is not None:
                     fields["value"] = rng.standard_normal(size)
                 t_mono, t_wall = float(rng.random() * 1e6), float(rng.random() * 2e9)
-                fast = viewlog._value_parts(kind, step, t_mono, t_wall, fields)
-                record = {"k": kind, "seq": step, "t_mono": t_mono, "t_wall": t_wall, **fields}
+                seq = ints[(i + 7 + (size or 0)) % len(ints)]  # its width apart from the step's
+                fast = viewlog._value_parts(kind, seq, t_mono, t_wall, fields)
+                record = {"k": kind, "seq": seq, "t_mono": t_mono, "t_wall": t_wall, **fields}
                 slow = viewlog._encode_parts(record)
                 assert fast is not None
                 assert b"".join(map(bytes, fast)) == b"".join(map(bytes, slow)), record["k"]
@@ -203,6 +204,8 @@ def test_value_records_are_encoded_directly_as_the_general_encoder_does(tmp_path
         {"step": 1, "peer": 2, "digest": "ab", "nbytes": 32, "value": np.ones(8)[::2]},
         {"step": 1, "peer": 2, "digest": "ab", "nbytes": 32, "value": np.zeros(0)},
         {"step": 1, "peer": 2, "digest": "ab", "nbytes": 32, "value": [1.0]},
+        {"step": 2**64, "peer": 2, "digest": "ab", "nbytes": 32},
+        {"step": 1.0, "peer": 2, "digest": "ab", "nbytes": 32},
     ]
     for fields in others:
         assert viewlog._value_parts("recv", 0, 1.0, 2.0, fields) is None, fields
