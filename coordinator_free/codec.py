@@ -61,7 +61,32 @@ def _default(obj):
     raise TypeError(f"cannot encode object of type {type(obj).__name__}")
 
 
-_UINT = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+#: The bytes that follow each msgpack unsigned integer marker (uint 8, 16, 32, 64).
+UINT_LENGTHS = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+#: msgpack's unsigned integer encodings by size in bytes, marker included: positive fixint,
+#: uint 8, 16, 32, 64; and the marker byte of each (a fixint has none).
+UINT_SIZES = (1, 2, 3, 5, 9)
+UINT_MARKERS = {1: b"", 2: b"\xcc", 3: b"\xcd", 5: b"\xce", 9: b"\xcf"}
+
+
+def uint_size(value: int) -> int:
+    """The size of the shortest msgpack encoding of the unsigned ``value`` (of at most 64
+    bits: the caller checks)."""
+    if value < 0x80:
+        return 1
+    if value < 0x100:
+        return 2
+    if value < 0x10000:
+        return 3
+    return 5 if value < 0x100000000 else 9
+
+
+def pack_uint(value: int, size: int) -> bytes:
+    """``value`` as a msgpack unsigned integer of ``size`` bytes (any size its value fits:
+    msgpack readers accept every one)."""
+    if size == 1:
+        return bytes((value,))
+    return UINT_MARKERS[size] + value.to_bytes(size - 1, "big")
 
 
 def _canonical_header(b: bytes) -> tuple[list, int] | None:
@@ -85,7 +110,7 @@ def _canonical_header(b: bytes) -> tuple[list, int] | None:
                 shape.append(c)
                 pos += 1
                 continue
-            size = _UINT.get(c)
+            size = UINT_LENGTHS.get(c)
             if size is None or pos + 1 + size > len(b):
                 return None
             shape.append(int.from_bytes(b[pos + 1 : pos + 1 + size], "big"))

@@ -77,9 +77,12 @@ from coordinator_free.codec import (
     ALLOWED_DTYPES,
     ARRAY_EXT,
     FLOAT64,
+    UINT_MARKERS,
     CodecError,
     pack,
+    pack_uint,
     raw_bytes,
+    uint_size,
     unpack,
 )
 from coordinator_free.errors import CfreeError
@@ -538,53 +541,30 @@ def _encode_parts(record: dict) -> list:
 _VALUE_FIELDS = ("step", "peer", "digest", "nbytes")
 _VALUE_FIELDS_WITH_VALUE = (*_VALUE_FIELDS, "value")
 _KEYS = {k: pack(k) for k in ("k", "seq", "t_mono", "t_wall", *_VALUE_FIELDS_WITH_VALUE)}
-_SMALL_UINTS = [bytes((i,)) for i in range(0x80)]
-#: A record's head of one form (:func:`_value_record_parts`) packs with these: a msgpack
-#: unsigned int by width (the marker byte goes with the constant bytes before it).
-_UINT_FORMS = ((b"", "B"), (b"\xcc", "B"), (b"\xcd", "H"), (b"\xce", "I"), (b"\xcf", "Q"))
+#: The struct format of a msgpack unsigned int after its marker, by the size of its encoding
+#: (``codec.UINT_SIZES``): a record's head of one form (:func:`_value_record_parts`) packs
+#: with these, the marker going with the constant bytes before it.
+_UINT_FORMATS = {1: "B", 2: "B", 3: "H", 5: "I", 9: "Q"}
 #: The heads of value records by form (:func:`_value_head`): (kind, peer, nbytes, the value's
-#: length or 0, the widths of seq and step, the digest's length); a peer writes a few forms
-#: (two kinds, one per neighbour, a width or two of its counters).
+#: length or 0, the encoded sizes of seq and step, the digest's length); a peer writes a few
+#: forms (two kinds, one per neighbour, a size or two of its counters).
 _VALUE_HEADS: dict[tuple, tuple] = {}
 _VALUE_HEADS_MAX = 1024
 
 
+def _uint_size(x: int) -> int | None:
+    """``codec.uint_size`` of an int, None when msgpack has no unsigned form for it
+    (negative, or past 64 bits)."""
+    return uint_size(x) if 0 <= x < 0x10000000000000000 else None
+
+
 def _uint(x) -> bytes | None:
     """msgpack's encoding of a non-negative int (the smallest form, as msgpack writes it)."""
-    if type(x) is not int or x < 0:
-        return None
-    if x < 0x80:
-        return _SMALL_UINTS[x]
-    if x < 0x100:
-        return bytes((0xCC, x))
-    if x < 0x10000:
-        return b"\xcd" + x.to_bytes(2, "big")
-    if x < 0x100000000:
-        return b"\xce" + x.to_bytes(4, "big")
-    if x < 0x10000000000000000:
-        return b"\xcf" + x.to_bytes(8, "big")
-    return None
+    size = _uint_size(x) if type(x) is int else None
+    return None if size is None else pack_uint(x, size)
 
 
-def _uint_width(x: int) -> int | None:
-    """The index in :data:`_UINT_FORMS` of msgpack's form of a non-negative int (None when
-    it is negative or needs more than 64 bits)."""
-    if x < 0:
-        return None
-    if x < 0x80:
-        return 0
-    if x < 0x100:
-        return 1
-    if x < 0x10000:
-        return 2
-    if x < 0x100000000:
-        return 3
-    if x < 0x10000000000000000:
-        return 4
-    return None
-
-
-def _value_head(kind: str, peer: int, nbytes: int, value, seq_w: int, step_w: int, nd: int):
+def _value_head(kind: str, peer: int, nbytes: int, value, seq_s: int, step_s: int, nd: int):
     """How a value record of one form is packed: a :class:`struct.Struct` and the constant
     bytes between its variable fields, ``(packer, c1, c2, c3, c4, c5, c6)``, where the head is
     ``packer.pack(c1, seq, c2, t_mono, c3, t_wall, c4, step, c5, digest, c6)``: the map's
@@ -595,7 +575,8 @@ def _value_head(kind: str, peer: int, nbytes: int, value, seq_w: int, step_w: in
     peer_b, nbytes_b = _uint(peer), _uint(nbytes)
     if peer_b is None or nbytes_b is None:
         return None
-    (seq_m, seq_f), (step_m, step_f) = _UINT_FORMS[seq_w], _UINT_FORMS[step_w]
+    seq_m, seq_f = UINT_MARKERS[seq_s], _UINT_FORMATS[seq_s]
+    step_m, step_f = UINT_MARKERS[step_s], _UINT_FORMATS[step_s]
     header = b"\x88" if value is None else b"\x89"
     c1 = b"".join((header, _KEYS["k"], pack(kind), _KEYS["seq"], seq_m))
     c2, c3 = _KEYS["t_mono"] + b"\xcb", _KEYS["t_wall"] + b"\xcb"  # msgpack's float 64
@@ -662,15 +643,15 @@ def _value_record_parts(
         return None
     if type(digest) is not str or len(digest) > 255 or not digest.isascii():
         return None
-    # The widths of the common case (seq past 255, step below 65,536) without a call.
-    seq_w = 2 if 0x100 <= seq < 0x10000 else _uint_width(seq)
-    step_w = (1 if step < 0x100 else 2) if 0x80 <= step < 0x10000 else _uint_width(step)
-    if seq_w is None or step_w is None:
+    # The encoded sizes of the common case (seq past 255, step below 65,536) without a call.
+    seq_s = 3 if 0x100 <= seq < 0x10000 else _uint_size(seq)
+    step_s = (2 if step < 0x100 else 3) if 0x80 <= step < 0x10000 else _uint_size(step)
+    if seq_s is None or step_s is None:
         return None
-    form = (kind, peer, nbytes, size, seq_w, step_w, len(digest))
+    form = (kind, peer, nbytes, size, seq_s, step_s, len(digest))
     head = _VALUE_HEADS.get(form)
     if head is None:
-        head = _value_head(kind, peer, nbytes, value, seq_w, step_w, len(digest))
+        head = _value_head(kind, peer, nbytes, value, seq_s, step_s, len(digest))
         if head is None:
             return None
         if len(_VALUE_HEADS) < _VALUE_HEADS_MAX:

@@ -32,6 +32,7 @@ import msgpack
 import numpy as np
 
 from coordinator_free import codec
+from coordinator_free.codec import UINT_LENGTHS, UINT_SIZES, pack_uint, uint_size
 
 __all__ = [
     "ALLOWED_KINDS",
@@ -301,9 +302,9 @@ def encode_parts(msg: Message) -> list[bytes | memoryview]:
         if arr.dtype.byteorder == ">":
             arr = arr.astype(arr.dtype.newbyteorder("<"))
         head, step_width, prefix = _aligned_layout(
-            msg.kind, msg.round, _uint_width(msg.step), arr.dtype.str, arr.shape, arr.nbytes
+            msg.kind, msg.round, uint_size(msg.step), arr.dtype.str, arr.shape, arr.nbytes
         )
-        parts = [head, _pack_uint(msg.step, step_width), prefix]
+        parts = [head, pack_uint(msg.step, step_width), prefix]
         if arr.nbytes:
             parts.append(codec.raw_bytes(arr))
         return parts
@@ -319,30 +320,6 @@ def encode_parts(msg: Message) -> list[bytes | memoryview]:
         if arr.nbytes:
             parts.append(codec.raw_bytes(arr))
     return parts
-
-
-#: msgpack unsigned integer encodings by size: positive fixint, uint 8, 16, 32, 64.
-_UINT_WIDTHS = (1, 2, 3, 5, 9)
-_UINT_MARKERS = {2: b"\xcc", 3: b"\xcd", 5: b"\xce", 9: b"\xcf"}
-
-
-def _uint_width(value: int) -> int:
-    """The size of the shortest msgpack encoding of the unsigned ``value``."""
-    if value < 0x80:
-        return 1
-    if value < 0x100:
-        return 2
-    if value < 0x10000:
-        return 3
-    return 5 if value < 0x100000000 else 9
-
-
-def _pack_uint(value: int, width: int) -> bytes:
-    """``value`` as a msgpack unsigned integer of ``width`` bytes (any width its value fits:
-    msgpack readers accept every one)."""
-    if width == 1:
-        return bytes((value,))
-    return _UINT_MARKERS[width] + value.to_bytes(width - 1, "big")
 
 
 _LAYOUTS: dict[tuple, tuple[bytes, int, bytes]] = {}
@@ -361,7 +338,7 @@ def _aligned_layout(
     got = _LAYOUTS.get(key)
     if got is not None:
         return got
-    dims = [_uint_width(d) for d in shape]
+    dims = [uint_size(d) for d in shape]
     head_fixed = len(_head_prefix(kind, 0)) - 1  # without the round's own bytes (fixint 0)
     dtype_bytes = msgpack.packb(dtype)
     if len(shape) > 15:
@@ -370,14 +347,14 @@ def _aligned_layout(
     # header (fixarray, dtype, fixarray, dims).
     base = head_fixed + len(_NO_META_PAYLOAD_KEY) + 6 + 1 + len(dtype_bytes) + 1 + sum(dims[1:])
     best = None
-    round_min = _uint_width(round_)
+    round_min = uint_size(round_)
     first_min = dims[0] if dims else 0
     # The version (fixint 1) and the round each take every width from 1 byte up: together
     # they reach every remainder mod 8, so the data is always aligned.
-    for wv in _UINT_WIDTHS:
-        for wr in (w for w in _UINT_WIDTHS if w >= round_min):
-            for ws in (w for w in _UINT_WIDTHS if w >= step_min):
-                for wd in (w for w in _UINT_WIDTHS if w >= first_min) if dims else (0,):
+    for wv in UINT_SIZES:
+        for wr in (w for w in UINT_SIZES if w >= round_min):
+            for ws in (w for w in UINT_SIZES if w >= step_min):
+                for wd in (w for w in UINT_SIZES if w >= first_min) if dims else (0,):
                     extra = (wv - 1) + (wr - round_min) + (ws - step_min) + (wd - first_min)
                     if (base + wv - 1 + wr + ws + wd) % 8 == 0 and (
                         best is None or extra < best[0]
@@ -392,16 +369,16 @@ def _aligned_layout(
     v_at = 1 + len(msgpack.packb("v"))
     head = (
         head[:v_at]
-        + _pack_uint(WIRE_VERSION, wv)
+        + pack_uint(WIRE_VERSION, wv)
         + head[v_at + 1 : cut - 1]
-        + _pack_uint(round_, wr)
+        + pack_uint(round_, wr)
         + head[cut:]
     )
     array_header = (
         b"\x92"
         + dtype_bytes
         + bytes((0x90 | len(shape),))
-        + b"".join(_pack_uint(d, wd if i == 0 else dims[i]) for i, d in enumerate(shape))
+        + b"".join(pack_uint(d, wd if i == 0 else dims[i]) for i, d in enumerate(shape))
     )
     body_len = len(array_header) + nbytes
     if body_len > 0xFFFFFFFF:
@@ -500,7 +477,6 @@ def decode_message(
     return msg
 
 
-_UINTS = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
 _MAP_V = b"\x86" + msgpack.packb("v")
 _KEY_KIND = msgpack.packb("kind")
 _KEY_ROUND = msgpack.packb("round")
@@ -512,7 +488,7 @@ def _uint_at(data: bytes, pos: int) -> tuple[int, int] | None:
     c = data[pos]
     if c < 0x80:
         return c, pos + 1
-    size = _UINTS.get(c)
+    size = UINT_LENGTHS.get(c)
     if size is None:
         return None
     end = pos + 1 + size
