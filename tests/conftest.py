@@ -3,11 +3,43 @@ live in the helper modules beside the tests: ci.py, netnslab.py, memcases.py, ..
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
 from ci import unavailable
 from netnslab import why_no_netns
+
+#: The marker expression of the quick default suite (pyproject.toml's ``addopts``).
+QUICK_SUITE = "not slow and not docker"
+#: At most this many worker processes for the quick suite: each test file runs whole on one
+#: worker (``--dist loadfile``), and many start real peer processes of their own.
+MAX_WORKERS = 4
+
+
+def quick_suite_workers(markexpr: str, cores: int, whole: bool = True) -> int:
+    """Worker processes for ``-n auto`` (0: the tests run in pytest's own process): one per core
+    up to :data:`MAX_WORKERS` for the quick default suite run whole (``whole``: no argument, or
+    only directories); none for chosen files or tests (starting the workers would take longer
+    than most of them), for the slow and docker suites (their runs time themselves, use every
+    core or build images and swarms) and on one core."""
+    if markexpr.strip() != QUICK_SUITE or cores < 2 or not whole:
+        return 0
+    return min(cores, MAX_WORKERS)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (pyproject.toml): :func:`quick_suite_workers`, unless
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` says how many."""
+    asked = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "").strip()
+    if asked:
+        if not asked.isdigit():
+            raise pytest.UsageError(
+                f"PYTEST_XDIST_AUTO_NUM_WORKERS={asked!r}: expected a number of worker processes"
+            )
+        return int(asked)
+    whole = all(os.path.isdir(a) for a in config.args)
+    return quick_suite_workers(config.option.markexpr or "", len(os.sched_getaffinity(0)), whole)
 
 
 @pytest.fixture
