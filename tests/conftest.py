@@ -39,7 +39,9 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
             )
         return int(asked)
     whole = all(os.path.isdir(a) for a in config.args)
-    return quick_suite_workers(config.option.markexpr or "", len(os.sched_getaffinity(0)), whole)
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every core counts
+    cores = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+    return quick_suite_workers(config.option.markexpr or "", cores, whole)
 
 
 @pytest.fixture
