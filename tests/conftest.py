@@ -10,6 +10,8 @@ import pytest
 from ci import unavailable
 from netnslab import why_no_netns
 
+from coordinator_free import forkwork
+
 #: The marker expression of the quick default suite (pyproject.toml's ``addopts``).
 QUICK_SUITE = "not slow and not docker"
 #: At most this many worker processes for the quick suite: each test file runs whole on one
@@ -39,9 +41,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
             )
         return int(asked)
     whole = all(os.path.isdir(a) for a in config.args)
-    affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every core counts
-    cores = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
-    return quick_suite_workers(config.option.markexpr or "", cores, whole)
+    return quick_suite_workers(config.option.markexpr or "", forkwork.cores(), whole)
 
 
 @pytest.fixture
