@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +69,14 @@ def cfree(*args, cwd, timeout: float = 300) -> subprocess.CompletedProcess:
         capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env,
         stdin=subprocess.DEVNULL,
     )  # fmt: skip
+
+
+def sigint_default() -> None:
+    """``preexec_fn`` of a child that a test interrupts with SIGINT: the signal's default
+    disposition, whatever this process inherited. A background job of a non-interactive shell
+    starts with SIGINT ignored, its children too, and a Python program that starts so never
+    raises KeyboardInterrupt: such a child would run on, and the test fail after its timeout."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_gone(pid: int, timeout: float) -> bool:

@@ -46,6 +46,7 @@ from pathlib import Path
 import pytest
 from logfuzz import Log
 from memrun import write_run_dir
+from netrun import sigint_default
 
 from coordinator_free import config, htmlreport, report, rundir
 from coordinator_free.accounting import audit
@@ -546,6 +547,7 @@ def test_an_interrupted_decor_run_is_not_audited_below_the_plan(tmp_path):
     proc = subprocess.Popen(
         [*cmd, *sets, "--out", str(out), "--no-audit"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, cwd=ROOT,
+        preexec_fn=sigint_default,  # the test interrupts it
     )  # fmt: skip
     seen, at = "", -1
     try:

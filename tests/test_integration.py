@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from netrun import assert_killed_node_audited, wait_gone
+from netrun import assert_killed_node_audited, sigint_default, wait_gone
 
 from coordinator_free import config, seeds, sim
 from coordinator_free.accounting import audit
@@ -234,6 +234,7 @@ def _start_long_run(out: Path) -> subprocess.Popen:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
+        preexec_fn=sigint_default,  # the test interrupts it
     )
     deadline = time.monotonic() + 120
     seen = ""

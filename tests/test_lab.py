@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from netnslab import lab_name, needs_netns
-from netrun import assert_audit_equals_plan
+from netrun import assert_audit_equals_plan, sigint_default
 
 import coordinator_free
 from coordinator_free import config, seeds, sim
@@ -596,6 +596,7 @@ def test_cli_interrupted_lab_run_stops_its_peers_and_removes_its_lab(tmp_path):
         stderr=subprocess.PIPE,
         env=ENV,
         start_new_session=True,
+        preexec_fn=sigint_default,  # the test interrupts it
     )  # fmt: skip
     seen = ""
     try:

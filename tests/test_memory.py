@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from netrun import sigint_default
 
 from coordinator_free import config
 from coordinator_free.cli import main
@@ -159,7 +160,10 @@ def test_sigint_to_cfree_run_ends_it_with_every_peer_gone(tmp_path):
     n = 40
     argv = [sys.executable, "-m", "coordinator_free", "run", str(RING), "--set", f"graph.nodes={n}"]
     argv += ["--set", "protocol.steps=100000", "--out", str(out), "--no-audit", "--quiet"]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        preexec_fn=sigint_default,  # the test interrupts it
+    )  # fmt: skip
     try:
         # Every peer is up once each has logged a send (the first step's value).
         from tests.dockerimg import wait_for_send

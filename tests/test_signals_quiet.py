@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from netrun import sigint_default
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +24,7 @@ def test_ctrl_c_to_the_process_group_leaves_no_traceback_in_peer_stderr(tmp_path
         [sys.executable, "-m", "coordinator_free", "run", str(EX / "muffliato-ring.toml"),
          "--set", "graph.nodes=8", "--set", "protocol.steps=100000", "--out", str(out)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
+        start_new_session=True, preexec_fn=sigint_default,  # the test interrupts it
     )  # fmt: skip
     try:
         seen = ""
