@@ -5,6 +5,21 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
+
+#: In a worker of the parallel quick suite (one worker per core), BLAS and LAPACK on one thread,
+#: for this process and the commands its tests start: OpenBLAS's threads, two a worker on two
+#: cores, spun against the other worker's (the fast path's test of few sources took 31 s on a
+#: worker, 0.9 s on one thread). Before numpy loads OpenBLAS, which reads it once; the results
+#: do not depend on it (docs/architecture.md: what must agree bit for bit runs on one thread).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    if "numpy" in sys.modules:  # pragma: no cover - a plugin loaded OpenBLAS first
+        import scipy.linalg  # noqa: F401 - its own OpenBLAS, under the limit too
+
+        from coordinator_free import blas
+
+        blas.one_thread_for_process()
 
 import pytest
 from ci import unavailable

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -132,18 +134,30 @@ def test_ticks_count_every_item_of_each_finished_task(monkeypatch):
 
 
 def test_fill_numeric_holds_every_blas_to_one_thread_scipys_own_included():
-    from threadpoolctl import threadpool_info
+    """In a fresh interpreter whose BLAS may use every core (no OPENBLAS_NUM_THREADS, which the
+    parallel suite's workers set): each forked task runs numpy's and scipy's OpenBLAS on one
+    thread, scipy's included when the task is the first to import it."""
+    code = """if True:
+        from threadpoolctl import threadpool_info
+        from coordinator_free import forkwork
 
-    seen = forkwork.shared_array((4,))
+        seen = forkwork.shared_array((4,))
 
-    def task(i: int) -> None:
-        import scipy.linalg  # noqa: F401 - its OpenBLAS must be under the limit as well
+        def task(i):
+            import scipy.linalg  # its OpenBLAS must be under the limit as well
 
-        blas = [p for p in threadpool_info() if p["user_api"] == "blas"]
-        seen[i] = max(p["num_threads"] for p in blas)
+            blas = [p for p in threadpool_info() if p["user_api"] == "blas"]
+            seen[i] = max(p["num_threads"] for p in blas)
 
-    forkwork.fill_numeric(task, 4)
-    assert seen.tolist() == [1.0] * 4
+        forkwork.fill_numeric(task, 4)
+        print(seen.tolist())
+    """
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str([1.0] * 4)
 
 
 @pytest.mark.parametrize("count,size,taper", [(0, 4, 0), (10, 4, 0), (2048, 32, 128),
