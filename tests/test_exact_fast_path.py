@@ -11,6 +11,10 @@ rational arithmetic on small graphs.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -332,6 +336,35 @@ def test_few_sources_are_read_without_the_double_precision_gram_matrix(monkeypat
     assert len(calls) == 2 * taken
     for a, b in zip(again, double, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_observers_in_the_calling_process_run_blas_on_one_thread():
+    """A small graph's observers run in the calling process (no fork): there too BLAS and LAPACK
+    run on one thread, scipy's own OpenBLAS included (its threads only spun beside an observer's
+    small products). In a fresh interpreter whose BLAS may use every core."""
+    code = """if True:
+        import numpy as np
+        from threadpoolctl import threadpool_info
+        import coordinator_free.privacy.muffliato as mf
+
+        seen = []
+
+        def fn(batch):
+            import scipy.linalg  # its OpenBLAS too
+
+            blas = [p for p in threadpool_info() if p["user_api"] == "blas"]
+            seen.append(max(p["num_threads"] for p in blas))
+            return np.zeros((len(batch), 1)), np.zeros(len(batch))
+
+        mf._fill_observers(fn, [[0], [1]], np.zeros((2, 1)), 16, np.zeros(2))
+        print(seen)
+    """
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[1, 1]"
 
 
 def test_block_product_is_scipys_product_bit_for_bit():

@@ -1123,9 +1123,17 @@ def _fill_observers(
     same way in any process."""
     done = forkwork.ticks([len(b) for b in batches], "exact loss, observer")
     if n < _PARALLEL_MIN_N or forkwork.cores() < 2:
-        for i, batch in enumerate(batches):
-            out[batch], marks[batch] = fn(batch)
-            done(i)
+        # On one thread here too, as in the children: an observer's products are too small for
+        # BLAS's threads, which only spin beside it (the 200-node Erdos-Renyi plan took twice as
+        # long). scipy.linalg first, so that the limit reaches its own OpenBLAS.
+        import scipy.linalg  # noqa: F401
+
+        from coordinator_free.blas import one_thread
+
+        with one_thread():
+            for i, batch in enumerate(batches):
+                out[batch], marks[batch] = fn(batch)
+                done(i)
         return
     shared = forkwork.shared_array(out.shape)
     shared_marks = forkwork.shared_array(marks.shape)
