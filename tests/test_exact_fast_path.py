@@ -11,13 +11,10 @@ rational arithmetic on small graphs.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from freshpy import run_with_free_blas
 
 import coordinator_free.privacy.muffliato as mf
 from coordinator_free.graphs import build_graph, gossip_matrix
@@ -359,12 +356,7 @@ def test_observers_in_the_calling_process_run_blas_on_one_thread():
         mf._fill_observers(fn, [[0], [1]], np.zeros((2, 1)), 16, np.zeros(2))
         print(seen)
     """
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[1, 1]"
+    assert run_with_free_blas(code) == "[1, 1]"
 
 
 def test_block_product_is_scipys_product_bit_for_bit():

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from freshpy import run_with_free_blas
 
 from coordinator_free import forkwork
 
@@ -152,12 +151,7 @@ def test_fill_numeric_holds_every_blas_to_one_thread_scipys_own_included():
         forkwork.fill_numeric(task, 4)
         print(seen.tolist())
     """
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == str([1.0] * 4)
+    assert run_with_free_blas(code) == str([1.0] * 4)
 
 
 @pytest.mark.parametrize("count,size,taper", [(0, 4, 0), (10, 4, 0), (2048, 32, 128),

@@ -1,6 +1,7 @@
 import networkx as nx
 import numpy as np
 import pytest
+from freshpy import run_with_free_blas
 
 from coordinator_free import config, graphs, seeds, sim
 from coordinator_free.families.averaging import protocol as mf
@@ -151,3 +152,27 @@ def test_gossip_update_is_the_plain_expression_bit_for_bit(dim, gamma):
     got = mf.gossip_update(terms, gamma, prev)
     assert got.dtype == np.float64 and got.shape == (dim,)
     assert np.array_equal(got.view(np.uint64), want.view(np.uint64))
+
+
+def test_the_spectral_gap_runs_on_one_blas_thread_where_blas_may_use_every_core():
+    """Peers, simulator and planner must get the same last bits of the spectral gap, which
+    LAPACK gives differently on different thread counts: its eigenvalues are computed on one
+    thread, even in a process whose BLAS may use every core."""
+    code = """if True:
+        import numpy as np
+        from threadpoolctl import threadpool_info
+        from coordinator_free import graphs
+
+        seen = []
+        eigvalsh = np.linalg.eigvalsh
+
+        def spy(a):
+            seen.append(max(p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"))
+            return eigvalsh(a)
+
+        np.linalg.eigvalsh = spy
+        w = np.full((6, 6), 1.0 / 12) + np.eye(6) / 2
+        graphs.spectral_gap(w)
+        print(seen)
+    """
+    assert run_with_free_blas(code) == "[1]"
