@@ -29,6 +29,14 @@ def one_thread():
     return threadpool_limits(limits=1, user_api="blas")
 
 
+def one_thread_scipy_included():
+    """:func:`one_thread` for work that calls scipy's BLAS or LAPACK: scipy.linalg is loaded
+    first, so that the limit reaches its own OpenBLAS too."""
+    import scipy.linalg  # noqa: F401 - loaded before the limit, so that it applies to it
+
+    return one_thread()
+
+
 _held = False
 
 

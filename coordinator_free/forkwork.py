@@ -59,12 +59,10 @@ def chunks(count: int, size: int, *, taper: int = 0) -> list[range]:
 def fill_numeric(task: Callable[[int], None], count: int, *, done=None) -> None:
     """:func:`fill` for numpy, scipy and LAPACK work: BLAS and LAPACK held to one thread in each
     child (the children take the cores), with scipy.linalg loaded first so that the limit
-    reaches its own OpenBLAS too (:func:`coordinator_free.blas.one_thread`)."""
-    import scipy.linalg  # noqa: F401 - loaded before the limit below, so that it applies to it
+    reaches its own OpenBLAS too (:func:`coordinator_free.blas.one_thread_scipy_included`)."""
+    from coordinator_free.blas import one_thread_scipy_included
 
-    from coordinator_free.blas import one_thread
-
-    with one_thread():
+    with one_thread_scipy_included():
         fill(task, count, done=done)
 
 

@@ -1125,12 +1125,10 @@ def _fill_observers(
     if n < _PARALLEL_MIN_N or forkwork.cores() < 2:
         # On one thread here too, as in the children: an observer's products are too small for
         # BLAS's threads, which only spin beside it (the 200-node Erdos-Renyi plan took twice as
-        # long). scipy.linalg first, so that the limit reaches its own OpenBLAS.
-        import scipy.linalg  # noqa: F401
+        # long).
+        from coordinator_free.blas import one_thread_scipy_included
 
-        from coordinator_free.blas import one_thread
-
-        with one_thread():
+        with one_thread_scipy_included():
             for i, batch in enumerate(batches):
                 out[batch], marks[batch] = fn(batch)
                 done(i)
