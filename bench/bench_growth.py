@@ -45,6 +45,7 @@ import time
 
 import numpy as np
 
+from coordinator_free import blas
 from coordinator_free.graphs import DENSE_MAX_N
 
 #: --graph kinds; the hypercube is the one with translation symmetry.
@@ -107,6 +108,7 @@ def measure(kind: str, dim: int, steps: int | None, strict: bool) -> dict:
     family_of(cfg.protocol.name).simulate_as_peers(cfg, plan)
     out["simulate"] = time.perf_counter() - t0
     out["peak_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    out["blas"] = blas.kernels_in_use()
     return out
 
 
@@ -180,8 +182,9 @@ def main() -> int:
         rows.append(row)
     ran = [r for r in rows if "skipped" not in r]
     fits = {s: fit_exponent([r["n"] for r in ran], [max(r[s], 1e-6) for r in ran]) for s in cols}
+    kernels = sorted({r["blas"] for r in ran})
     out = {"graph": args.graph, "budget_gib": args.max_gib, "budget_s": args.max_seconds,
-           "rows": rows, "exponents": fits}  # fmt: skip
+           "blas": kernels, "rows": rows, "exponents": fits}  # fmt: skip
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
@@ -190,6 +193,7 @@ def main() -> int:
             "grid": "2^floor(d/2) x 2^ceil(d/2) grids"}[args.graph]  # fmt: skip
     print(f"Muffliato on {what}; seconds per stage (one source; exact_all: every pair); memory "
           f"budget {args.max_gib:g} GiB, time budget {args.max_seconds:g} s per size")  # fmt: skip
+    print(f"BLAS: {'; '.join(kernels) or 'no size ran'}")
     head = "".join(f"{s:>10}" for s in cols)
     print(f"{'n':>6} {'T':>4}{head} {'peak GiB':>9} {'load avg':>12}")
     for r in rows:

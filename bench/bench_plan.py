@@ -46,6 +46,7 @@ import time
 
 import numpy as np
 
+from coordinator_free import blas
 from coordinator_free.graphs import (
     auto_steps,
     build_graph,
@@ -259,6 +260,7 @@ def exact_floor(args) -> None:
         "fast_path_one_source_s": rest + fast / cores,
         "load_start": load0,
         "load_end": os.getloadavg(),
+        "blas": blas.kernels_in_use(),
     }
     if args.json:
         print(json.dumps(res, indent=2))
@@ -266,6 +268,7 @@ def exact_floor(args) -> None:
     per = res["per_observer_ms"]
     print(f"{args.graph}: n={n} T={steps}, {cores} cores; load average {load0[0]:.2f} -> "
           f"{res['load_end'][0]:.2f}")  # fmt: skip
+    print(f"  BLAS: {res['blas']}")
     print(f"  per observer, one core: sparse products {per['sparse']:.2f} ms, the steps' dense "
           f"products {per['blocks']:.2f} ms, single-precision Gram products "
           f"{per['gram_single']:.2f} ms, the leverage's products {per['refine']:.2f} ms (the "
@@ -338,11 +341,13 @@ def exact_without_symmetry(args) -> None:
         for k in ("one_source_s", "all_pairs_s"):
             res[f"speedup_{k[:-2]}"] = res["reference"][k] / res["fast"][k]
     res["load_end"] = os.getloadavg()
+    res["blas"] = blas.kernels_in_use()
     if args.json:
         print(json.dumps(res, indent=2))
         return
     print(f"{args.graph}: n={plan.n} T={plan.steps} mean degree {res['mean_degree']:.1f}, "
           f"observers: {res['observers']}")  # fmt: skip
+    print(f"  BLAS: {res['blas']}")
     print(f"  load average at start {res['load_start'][0]:.2f}, end {res['load_end'][0]:.2f}")
     for name, _ in paths:
         r = res[name]
@@ -405,11 +410,13 @@ def main() -> None:
         }
         # one-source result agrees with the all-pairs column
         res[f"{method}_one_source_vs_all_pairs_maxdiff"] = float(np.abs(f1 - fa[:, 0]).max())
+    res["blas"] = blas.kernels_in_use()
 
     if args.json:
         print(json.dumps(res, indent=2))
         return
     print(f"hypercube dim {args.dim}: n={n} T={steps} lambda_W={lam:.4f} gamma={gamma:.5f}")
+    print(f"  BLAS: {res['blas']}")
     for k, v in res["timings_s"].items():
         print(f"  {k:<22} {v:8.2f} s")
     print("  distance  paper mean  paper max   exact mean  exact max")

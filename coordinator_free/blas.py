@@ -19,7 +19,10 @@ faster (the 200-node Erdős–Rényi exact plan: 4.1 s with them, 2.1 s without)
 
 from __future__ import annotations
 
-from threadpoolctl import threadpool_limits
+import os
+from collections.abc import Iterable, Mapping
+
+from threadpoolctl import threadpool_info, threadpool_limits
 
 
 def one_thread():
@@ -48,3 +51,31 @@ def one_thread_for_process() -> None:
     if not _held:
         threadpool_limits(limits=1, user_api="blas")
         _held = True
+
+
+def kernels_in_use() -> str:
+    """The BLAS libraries this process has loaded and the kernels each runs, for a benchmark's
+    header (:func:`describe_kernels`): the same code runs a fifth slower on OpenBLAS's AVX2
+    kernels than on its AVX-512 ones on a CPU that has both (docs/benchmarks.md)."""
+    return describe_kernels(threadpool_info(), os.environ.get("OPENBLAS_CORETYPE"))
+
+
+def describe_kernels(libraries: Iterable[Mapping], coretype: str | None) -> str:
+    """``libraries`` (threadpoolctl's ``threadpool_info()``): each BLAS as "name version
+    kernels", once each, and ``coretype`` (the ``OPENBLAS_CORETYPE`` environment variable, by
+    which a user or a machine's environment chooses OpenBLAS's kernels instead of its own
+    detection) when it is set."""
+    seen = []
+    for lib in libraries:
+        if lib.get("user_api") != "blas":
+            continue
+        name = lib.get("internal_api") or "blas"
+        version = lib.get("version") or "of unknown version"
+        arch = lib.get("architecture") or "kernels unknown"
+        text = f"{name} {version} {arch}"
+        if text not in seen:
+            seen.append(text)
+    out = ", ".join(sorted(seen)) if seen else "no BLAS loaded"
+    if coretype:
+        out += f" (kernels chosen by OPENBLAS_CORETYPE={coretype})"
+    return out
