@@ -65,17 +65,13 @@ def describe_kernels(libraries: Iterable[Mapping], coretype: str | None) -> str:
     kernels", once each, and ``coretype`` (the ``OPENBLAS_CORETYPE`` environment variable, by
     which a user or a machine's environment chooses OpenBLAS's kernels instead of its own
     detection) when it is set."""
-    seen = []
-    for lib in libraries:
-        if lib.get("user_api") != "blas":
-            continue
-        name = lib.get("internal_api") or "blas"
-        version = lib.get("version") or "of unknown version"
-        arch = lib.get("architecture") or "kernels unknown"
-        text = f"{name} {version} {arch}"
-        if text not in seen:
-            seen.append(text)
-    out = ", ".join(sorted(seen)) if seen else "no BLAS loaded"
+    named = {
+        f"{lib.get('internal_api') or 'blas'} {lib.get('version') or 'of unknown version'} "
+        f"{lib.get('architecture') or 'kernels unknown'}"
+        for lib in libraries
+        if lib.get("user_api") == "blas"
+    }
+    out = ", ".join(sorted(named)) if named else "no BLAS loaded"
     if coretype:
         out += f" (kernels chosen by OPENBLAS_CORETYPE={coretype})"
     return out
