@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
+
+from freshpy import run_fresh
 
 from coordinator_free.blas import describe_kernels
 
@@ -46,12 +46,7 @@ def test_the_kernels_a_coretype_chooses_are_those_reported():
         "from coordinator_free import blas\n"
         "print(blas.kernels_in_use())\n"
     )
-    env = {**os.environ, "OPENBLAS_CORETYPE": "Sandybridge"}
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 0, out.stderr
-    text = out.stdout.strip()
+    text = run_fresh(code, {**os.environ, "OPENBLAS_CORETYPE": "Sandybridge"})
     assert text.endswith("(kernels chosen by OPENBLAS_CORETYPE=Sandybridge)"), text
     assert text.startswith("openblas "), text
     if "avx" in _cpu_flags():
