@@ -7,6 +7,7 @@ import os
 from freshpy import run_fresh
 
 from coordinator_free.blas import describe_kernels
+from coordinator_free.net.channel import cpu_flags
 
 NUMPY_OPENBLAS = {
     "user_api": "blas",
@@ -49,16 +50,5 @@ def test_the_kernels_a_coretype_chooses_are_those_reported():
     text = run_fresh(code, {**os.environ, "OPENBLAS_CORETYPE": "Sandybridge"})
     assert text.endswith("(kernels chosen by OPENBLAS_CORETYPE=Sandybridge)"), text
     assert text.startswith("openblas "), text
-    if "avx" in _cpu_flags():
+    if "avx" in cpu_flags():
         assert text.count("Sandybridge") >= 2, text  # every library loaded, and the variable
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()

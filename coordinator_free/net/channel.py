@@ -93,18 +93,24 @@ CIPHER_CHOICES = ("auto", "aes-256-gcm", "chacha20-poly1305")
 
 
 @functools.cache
-def cpu_has_aes() -> bool:
-    """Whether this CPU has AES instructions (x86 ``aes`` flag, Arm ``aes`` feature): there
-    AES-256-GCM runs several times faster than ChaCha20-Poly1305; without them, far slower."""
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags (``/proc/cpuinfo``'s x86 ``flags`` or Arm ``Features``); empty
+    where they cannot be read."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 key, _, value = line.partition(":")
                 if key.strip().lower() in ("flags", "features"):
-                    return "aes" in value.split()
+                    return frozenset(value.split())
     except OSError:
         pass
-    return False
+    return frozenset()
+
+
+def cpu_has_aes() -> bool:
+    """Whether this CPU has AES instructions (x86 ``aes`` flag, Arm ``aes`` feature): there
+    AES-256-GCM runs several times faster than ChaCha20-Poly1305; without them, far slower."""
+    return "aes" in cpu_flags()
 
 
 def cipher_suites(setting: str) -> tuple[int, ...]:
