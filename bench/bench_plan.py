@@ -33,6 +33,14 @@ observers (128 by default, scaled to n); plus what ``cfree plan`` spends before 
 as it is now (interpreter and imports, graph, gossip matrix, spectral gap; the report's
 conversions to (eps, delta) are left out, so the floor errs low). The floor is that plus the
 products' CPU shared perfectly by the cores.
+
+``--graph G --in-place`` times the fast path's observer where its products run, statement by
+statement: ``muffliato._local_leverage`` recompiled with a clock (``time.perf_counter``) read
+around each of its simple statements (assignments and calls, in every loop and branch; the
+results are the same bits), run on one core over ``--sample`` evenly spaced observers (256 by
+default), beside the same observers through the function as it is. It prints what an observer
+costs either way, the share the statements account for, and each statement's milliseconds an
+observer, largest first: where the fast path's time goes above the floor's products.
 """
 
 from __future__ import annotations
@@ -286,6 +294,137 @@ def exact_floor(args) -> None:
           f"{res['fast_path_one_source_s']:.1f} s ({fast:.1f} s of CPU)")  # fmt: skip
 
 
+def timed_statements(fn, clock=time.perf_counter):
+    """``(timed, spent)``: ``fn`` recompiled in its module's namespace with ``clock`` read around
+    each of its simple statements (assignments, augmented assignments and expression statements,
+    at any depth of loops, branches and ``try``); ``spent`` maps each such statement's source
+    text to the seconds spent in it so far (summed over calls). The statements and their order
+    are ``fn``'s own, so ``timed`` computes the same values; a statement that raises is not
+    counted. Conditions, ``return`` expressions and calls in other statements are not timed."""
+    import ast
+    import inspect
+    import textwrap
+
+    source = textwrap.dedent(inspect.getsource(fn))
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    simple = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr)
+    texts: dict[int, str] = {}
+
+    def wrap(body: list) -> list:
+        out = []
+        for st in body:
+            for field in ("body", "orelse", "finalbody"):
+                inner = getattr(st, field, None)
+                if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+                    setattr(st, field, wrap(inner))
+            for handler in getattr(st, "handlers", []):
+                handler.body = wrap(handler.body)
+            docstring = isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant)
+            if not isinstance(st, simple) or docstring:
+                out.append(st)
+                continue
+            key = st.lineno
+            texts[key] = " ".join(x.strip() for x in lines[st.lineno - 1 : st.end_lineno])
+            out += ast.parse(f"_t_{key} = _clock_()").body
+            out.append(st)
+            out += ast.parse(
+                f"_spent_[{key}] = _spent_.get({key}, 0.0) + _clock_() - _t_{key}"
+            ).body
+        return out
+
+    fdef = tree.body[0]
+    fdef.body = wrap(fdef.body)
+    fdef.decorator_list = []
+    ast.fix_missing_locations(tree)
+    ast.increment_lineno(tree, inspect.getsourcelines(fn)[1] - 1)  # tracebacks name fn's lines
+    spent_by_line: dict[int, float] = {}
+    namespace = dict(fn.__globals__, _clock_=clock, _spent_=spent_by_line)
+    exec(compile(tree, inspect.getsourcefile(fn) or "<timed>", "exec"), namespace)
+
+    class Spent(dict):
+        """Seconds by statement text, read from the counters at each access."""
+
+        def refresh(self) -> Spent:
+            self.clear()
+            for key, sec in spent_by_line.items():
+                self[texts[key]] = self.get(texts[key], 0.0) + sec
+            return self
+
+        def reset(self) -> None:
+            spent_by_line.clear()
+            self.clear()
+
+    return namespace[fdef.name], Spent()
+
+
+def exact_in_place(args) -> None:
+    """``--graph G --in-place``: each statement of the fast path's observer timed where it runs
+    (see the module's doc), beside the same observers through the function as it is."""
+    import os
+
+    import scipy.sparse as sp
+
+    from coordinator_free.blas import one_thread
+    from coordinator_free.families import family_of
+
+    load0 = os.getloadavg()
+    _, cfg = _graph_config(args)
+    plan = family_of(cfg.protocol.name).make_plan(cfg)
+    n, steps = plan.n, plan.steps
+    ws = sp.csr_matrix(plan.W)
+    obs = np.linspace(0, n - 1, min(n, args.sample or 256)).astype(int)
+    starts = [[v, *muffliato._neighbours(plan.W, v)] for v in obs.tolist()]
+    src = np.array([0])
+    plain = muffliato._local_leverage
+    timed, spent = timed_statements(plain)
+
+    def observers() -> tuple[list, float]:
+        t = time.thread_time()
+        rows = [muffliato._local_leverages(ws, [st], n, steps, src)[0] for st in starts]
+        return rows, (time.thread_time() - t) / len(starts)
+
+    with one_thread():
+        observers()  # warm: imports, first-touch pages
+        want, as_is = observers()
+        try:
+            muffliato._local_leverage = timed
+            spent.reset()
+            got, with_clocks = observers()
+        finally:
+            muffliato._local_leverage = plain
+    for a, b in zip(want, got, strict=True):
+        if (a is None) != (b is None) or (a is not None and not np.array_equal(a, b)):
+            raise SystemExit("the timed copy of the observer computed other values")
+    parts = {text: sec / len(starts) for text, sec in spent.refresh().items()}
+    res = {
+        "graph": args.graph,
+        "n": n,
+        "T": steps,
+        "observers_sampled": len(starts),
+        "declined": sum(r is None for r in want),
+        "observer_ms": 1e3 * as_is,
+        "observer_with_clocks_ms": 1e3 * with_clocks,
+        "statements_ms": 1e3 * sum(parts.values()),
+        "by_statement_ms": {k: 1e3 * v for k, v in sorted(parts.items(), key=lambda kv: -kv[1])},
+        "load_start": load0,
+        "load_end": os.getloadavg(),
+        "blas": blas.kernels_in_use(),
+    }
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return
+    print(f"{args.graph}: n={n} T={steps}; {len(starts)} observers on one core "
+          f"({res['declined']} declined to the reference, not timed here); load average "
+          f"{load0[0]:.2f} -> {res['load_end'][0]:.2f}")  # fmt: skip
+    print(f"  BLAS: {res['blas']}")
+    print(f"  an observer: {res['observer_ms']:.2f} ms as it is, {res['observer_with_clocks_ms']:.2f} "
+          f"ms with the clocks, of which its statements {res['statements_ms']:.2f} ms:")  # fmt: skip
+    for text, ms in res["by_statement_ms"].items():
+        if ms >= 0.005:
+            print(f"  {ms:8.3f} ms  {text[:100]}")
+
+
 def exact_without_symmetry(args) -> None:
     """Exact plan of a graph without translation symmetry: fast path, optionally the reference."""
     import os
@@ -377,11 +516,22 @@ def main() -> None:
         action="store_true",
         help="with --graph: the least one source can take with this method (its primitives)",
     )
+    ap.add_argument(
+        "--in-place",
+        action="store_true",
+        help="with --graph: the fast path's observer timed statement by statement where it runs",
+    )
     args = ap.parse_args()
-    if args.floor and not args.graph:
-        ap.error("--floor needs --graph")
+    for flag, given in (("--floor", args.floor), ("--in-place", args.in_place)):
+        if given and not args.graph:
+            ap.error(f"{flag} needs --graph")
+    if args.floor and args.in_place:
+        ap.error("--floor and --in-place are separate runs: choose one")
     if args.graph and args.floor:
         exact_floor(args)
+        return
+    if args.graph and args.in_place:
+        exact_in_place(args)
         return
     if args.graph:
         exact_without_symmetry(args)

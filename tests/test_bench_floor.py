@@ -1,5 +1,6 @@
-"""bench/bench_vs_zmq.py --floor and --skeleton, bench/bench_plan.py --floor: each floor is made
-of the primitives it names, and the skeleton ring runs."""
+"""bench/bench_vs_zmq.py --floor and --skeleton, bench/bench_plan.py --floor and --in-place: each
+floor is made of the primitives it names, the skeleton ring runs, and the fast path's statements
+timed in place compute what the fast path does."""
 
 from __future__ import annotations
 
@@ -85,6 +86,49 @@ def test_plan_floor_needs_a_graph():
     )
     assert out.returncode == 2
     assert "--floor needs --graph" in out.stderr
+
+
+def test_plan_in_place_needs_a_graph_and_is_its_own_run():
+    import subprocess
+
+    for flags, message in (
+        (["--in-place"], "--in-place needs --graph"),
+        (["--graph", "grid", "--floor", "--in-place"], "choose one"),
+    ):
+        out = subprocess.run(
+            [sys.executable, str(PLAN_BENCH), *flags], capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 2, flags
+        assert message in out.stderr, (flags, out.stderr)
+
+
+def test_statements_timed_in_place_compute_the_same_bits_and_count_each_run(plan_bench):
+    import networkx as nx
+    import numpy as np
+
+    from coordinator_free.graphs import gossip_matrix
+    from coordinator_free.privacy import muffliato as mf
+
+    g = nx.random_regular_graph(3, 96, seed=5)
+    ws = gossip_matrix(g, sparse=True)
+    steps, src = 6, np.array([0, 7])
+    starts = [[v, *sorted(g.neighbors(v))] for v in (0, 11, 50)]
+    ticks = iter(range(10**9))
+    # A clock that moves by one at each reading: each run of a statement then adds exactly 1.
+    timed, spent = plan_bench.timed_statements(mf._local_leverage, clock=lambda: next(ticks))
+    for start in starts:
+        q = np.empty((96, len(start) + (len(start) - 1) * (steps - 1)))
+        want = mf._local_leverage(ws, start, 96, steps, src, q.copy())
+        got = timed(ws, start, 96, steps, src, q.copy())
+        assert want is not None and np.array_equal(want, got)
+    counts = spent.refresh()
+    # Degree 3: the first block and steps - 1 Lanczos steps, each one sparse product.
+    assert counts["product(last, z)"] == len(starts) * (steps - 1)
+    assert counts["z -= first @ (first.T @ z)"] == len(starts)
+    assert counts["hi += k"] == len(starts) * (steps - 1)
+    assert all(c == int(c) and c > 0 for c in counts.values()), counts
+    spent.reset()
+    assert spent.refresh() == {}
 
 
 def test_plan_floor_stops_where_the_basis_spans_the_space(plan_bench, monkeypatch):
