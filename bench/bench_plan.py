@@ -111,6 +111,17 @@ def _graph_config(args):
     return sets, config_mod.load(None, sets)
 
 
+def _closed(res: dict, load0, as_json: bool) -> bool:
+    """``res`` with the load average at the start (``load0``) and now and the BLAS in use; printed
+    as JSON, and True, if ``as_json``."""
+    import os
+
+    res.update(load_start=load0, load_end=os.getloadavg(), blas=blas.kernels_in_use())
+    if as_json:
+        print(json.dumps(res, indent=2))
+    return as_json
+
+
 def _per_call(fn, seconds: float) -> float:
     """Thread CPU seconds of one call of ``fn``: the least of repetitions lasting ``seconds``
     in all (at least three)."""
@@ -266,12 +277,8 @@ def exact_floor(args) -> None:
         "floor_one_source_s": rest + primitives / cores,
         "floor_one_source_double_gram_s": rest + primitives_double / cores,
         "fast_path_one_source_s": rest + fast / cores,
-        "load_start": load0,
-        "load_end": os.getloadavg(),
-        "blas": blas.kernels_in_use(),
     }
-    if args.json:
-        print(json.dumps(res, indent=2))
+    if _closed(res, load0, args.json):
         return
     per = res["per_observer_ms"]
     print(f"{args.graph}: n={n} T={steps}, {cores} cores; load average {load0[0]:.2f} -> "
@@ -407,12 +414,8 @@ def exact_in_place(args) -> None:
         "observer_with_clocks_ms": 1e3 * with_clocks,
         "statements_ms": 1e3 * sum(parts.values()),
         "by_statement_ms": {k: 1e3 * v for k, v in sorted(parts.items(), key=lambda kv: -kv[1])},
-        "load_start": load0,
-        "load_end": os.getloadavg(),
-        "blas": blas.kernels_in_use(),
     }
-    if args.json:
-        print(json.dumps(res, indent=2))
+    if _closed(res, load0, args.json):
         return
     print(f"{args.graph}: n={n} T={steps}; {len(starts)} observers on one core "
           f"({res['declined']} declined to the reference, not timed here); load average "
@@ -479,10 +482,7 @@ def exact_without_symmetry(args) -> None:
         res["maxdiff_fast_vs_reference"] = float(np.abs(fa["fast"] - fa["reference"]).max())
         for k in ("one_source_s", "all_pairs_s"):
             res[f"speedup_{k[:-2]}"] = res["reference"][k] / res["fast"][k]
-    res["load_end"] = os.getloadavg()
-    res["blas"] = blas.kernels_in_use()
-    if args.json:
-        print(json.dumps(res, indent=2))
+    if _closed(res, res["load_start"], args.json):
         return
     print(f"{args.graph}: n={plan.n} T={plan.steps} mean degree {res['mean_degree']:.1f}, "
           f"observers: {res['observers']}")  # fmt: skip
