@@ -509,7 +509,11 @@ def main() -> None:
     ap.add_argument(
         "--reference", action="store_true", help="with --graph: also time the reference"
     )
-    ap.add_argument("--sample", type=int, help="with --graph: K observers only, times scaled to n")
+    ap.add_argument(
+        "--sample",
+        type=int,
+        help="with --graph: K observers only, times scaled to n (--in-place: times per observer)",
+    )
     ap.add_argument("--lax", action="store_true", help="with --graph: strict=False (keep, count)")
     ap.add_argument(
         "--floor",
