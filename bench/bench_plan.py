@@ -304,8 +304,9 @@ def exact_floor(args) -> None:
 def timed_statements(fn, clock=time.perf_counter):
     """``(timed, spent)``: ``fn`` recompiled in its module's namespace with ``clock`` read around
     each of its simple statements (assignments, augmented assignments and expression statements,
-    at any depth of loops, branches and ``try``); ``spent`` maps each such statement's source
-    text to the seconds spent in it so far (summed over calls). The statements and their order
+    at any depth of loops, branches and ``try``); ``spent``, a dict the timed function fills, maps
+    each such statement's source text to the seconds spent in it so far (summed over calls and
+    over statements of the same text; ``clear()`` starts it again). The statements and their order
     are ``fn``'s own, so ``timed`` computes the same values; a statement that raises is not
     counted. Conditions, ``return`` expressions and calls in other statements are not timed."""
     import ast
@@ -316,15 +317,13 @@ def timed_statements(fn, clock=time.perf_counter):
     lines = source.splitlines()
     tree = ast.parse(source)
     simple = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr)
-    texts: dict[int, str] = {}
 
     def wrap(body: list) -> list:
         out = []
         for st in body:
-            for field in ("body", "orelse", "finalbody"):
-                inner = getattr(st, field, None)
-                if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
-                    setattr(st, field, wrap(inner))
+            for field in ("body", "orelse", "finalbody"):  # a statement's own statements
+                if getattr(st, field, None):
+                    setattr(st, field, wrap(getattr(st, field)))
             for handler in getattr(st, "handlers", []):
                 handler.body = wrap(handler.body)
             docstring = isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant)
@@ -332,11 +331,11 @@ def timed_statements(fn, clock=time.perf_counter):
                 out.append(st)
                 continue
             key = st.lineno
-            texts[key] = " ".join(x.strip() for x in lines[st.lineno - 1 : st.end_lineno])
+            text = repr(" ".join(x.strip() for x in lines[st.lineno - 1 : st.end_lineno]))
             out += ast.parse(f"_t_{key} = _clock_()").body
             out.append(st)
             out += ast.parse(
-                f"_spent_[{key}] = _spent_.get({key}, 0.0) + _clock_() - _t_{key}"
+                f"_spent_[{text}] = _spent_.get({text}, 0.0) + _clock_() - _t_{key}"
             ).body
         return out
 
@@ -345,24 +344,10 @@ def timed_statements(fn, clock=time.perf_counter):
     fdef.decorator_list = []
     ast.fix_missing_locations(tree)
     ast.increment_lineno(tree, inspect.getsourcelines(fn)[1] - 1)  # tracebacks name fn's lines
-    spent_by_line: dict[int, float] = {}
-    namespace = dict(fn.__globals__, _clock_=clock, _spent_=spent_by_line)
+    spent: dict[str, float] = {}
+    namespace = dict(fn.__globals__, _clock_=clock, _spent_=spent)
     exec(compile(tree, inspect.getsourcefile(fn) or "<timed>", "exec"), namespace)
-
-    class Spent(dict):
-        """Seconds by statement text, read from the counters at each access."""
-
-        def refresh(self) -> Spent:
-            self.clear()
-            for key, sec in spent_by_line.items():
-                self[texts[key]] = self.get(texts[key], 0.0) + sec
-            return self
-
-        def reset(self) -> None:
-            spent_by_line.clear()
-            self.clear()
-
-    return namespace[fdef.name], Spent()
+    return namespace[fdef.name], spent
 
 
 def exact_in_place(args) -> None:
@@ -396,14 +381,13 @@ def exact_in_place(args) -> None:
         want, as_is = observers()
         try:
             muffliato._local_leverage = timed
-            spent.reset()
             got, with_clocks = observers()
         finally:
             muffliato._local_leverage = plain
     for a, b in zip(want, got, strict=True):
         if (a is None) != (b is None) or (a is not None and not np.array_equal(a, b)):
             raise SystemExit("the timed copy of the observer computed other values")
-    parts = {text: sec / len(starts) for text, sec in spent.refresh().items()}
+    parts = {text: sec / len(starts) for text, sec in spent.items()}
     res = {
         "graph": args.graph,
         "n": n,
