@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from memrun import write_run_dir
 
@@ -145,6 +146,48 @@ def test_audit_text_marks_the_flagged_cells_and_prints_the_count(run, capsys):
     exact_rows = _table_after(out, "exact: eps_(u->v)")
     assert not any(MARK in c for r in exact_rows for c in r)
     assert _legend_count(out) == len(flagged)
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory) -> dict:
+    """The audit of a 20-node ring (past 16 nodes its text gives a row per observer) whose
+    node 5 left no log: its row is a worst case (#), and the rows of the others are raised to
+    the plan where its missing log leaves their views unknown (*)."""
+    cfg = config.load(RING, ["graph.nodes=20"])
+    out = write_run_dir(cfg, run_config(cfg, None, seed=5), tmp_path_factory.mktemp("w") / "run")
+    (out / "logs" / "node-5.vlog").unlink()
+    return audit_run(out)
+
+
+def test_audit_text_rows_per_observer_follow_its_entries(wide, capsys):
+    rep = wide
+    acc_render.print_audit(rep)
+    out = capsys.readouterr().out
+    seen = {"raised": 0, "below": 0, "capped": 0}
+    for method in ("exact", "paper"):
+        rows = _table_after(out, f"{method}: per observer")
+        assert [int(r[0]) for r in rows] == [o["observer"] for o in rep["observers"]]
+        for r, o in zip(rows, rep["observers"], strict=True):
+            xs = sorted(
+                (x for x in o["losses"] if x["method"] == method), key=lambda x: x["source"]
+            )
+            # What is shown is the usable figure (capped by local DP) where there is one.
+            shown = [float(x.get("eps_usable", x["eps"])) for x in xs]
+            raised = sum(1 for x in xs if x.get("basis", "realised") in acc_render.MARKS)
+            low = sum(1 for x in xs if x.get("below_exact"))
+            mark = MARK if low else ""
+            assert r[1:4] == [
+                fmt(max(shown)) + mark,
+                fmt(float(np.mean(shown))) + mark,
+                str(raised),
+            ]
+            assert r[4:] == ([str(low)] if method == "paper" else [])
+            seen["raised"] += raised
+            seen["below"] += low
+            seen["capped"] += sum(1 for x in xs if "eps_usable" in x)
+    # The rows above cover every kind of mark: raised, below exact and capped entries.
+    assert all(seen.values()), seen
+    assert f"{acc_render.MARKS['worst-case']} " in out and f"{acc_render.MARKS['plan']} " in out
 
 
 def test_compact_audit_marks_the_distances_with_flagged_pairs(run, capsys):
