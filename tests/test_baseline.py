@@ -6,6 +6,7 @@ local-DP computation, not against the code's own summary."""
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -166,6 +167,57 @@ def test_audit_counts_and_caps(tmp_path, capsys):
     code = cli.main(["audit", str(run), "--json"])
     assert code == 0
     assert json.loads(capsys.readouterr().out)["baseline"] == rep["baseline"]
+
+
+#: The capped keys and the local-DP key each is capped by (the rule of docs/privacy.md).
+CAPPED = {"eps": "eps", "eps_max": "eps", "eps_mean": "eps", "rdp": "rdp", "rdp_max": "rdp",
+          "rdp_mean": "rdp"}  # fmt: skip
+
+
+def _capped_by_rule(entry: dict, ldp: dict) -> tuple[dict, bool]:
+    """The entry as the cap leaves it, and whether a figure was above its bound, read directly
+    off the rule: each numeric capped figure gets ``<key>_usable = min(figure, bound)``, the
+    bound being local DP's figure of the same kind, in the RDP conversion (``eps_rdp``) for an
+    eps that was not converted as a Gaussian."""
+    out, above = dict(entry), False
+
+    def number(x):
+        return isinstance(x, int | float) and not isinstance(x, bool)
+
+    for key, ldp_key in CAPPED.items():
+        bound = ldp.get(ldp_key)
+        if ldp_key == "eps" and entry.get("conversion") != "gaussian" and "eps_rdp" in ldp:
+            bound = ldp["eps_rdp"]
+        if number(entry.get(key)) and number(bound):
+            out[key + "_usable"] = min(float(entry[key]), float(bound))
+            above = above or float(entry[key]) > float(bound) * (1 + baseline.REL_TOL)
+    return out, above
+
+
+def test_cap_follows_the_rule_on_every_kind_of_entry():
+    rng = random.Random(7)
+    values = [None, True, False, 0, 3, 0.5, 4.377, 9.9, float("inf"), "4.0", [1.0]]
+    ldps = [
+        {"eps": 4.377, "rdp": 1.0, "eps_rdp": 4.728},
+        {"eps": 4.377, "rdp": 1.0},
+        {"eps": 2, "rdp": "1.0", "eps_rdp": True},
+        {"eps": None, "rdp": 0.25, "eps_rdp": 3.0},
+        {},
+    ]
+    checked = capped = 0
+    for ldp in ldps:
+        cap = baseline.capper(ldp)
+        for _ in range(400):
+            entry = {k: rng.choice(values) for k in CAPPED if rng.random() < 0.6}
+            if rng.random() < 0.7:
+                entry["conversion"] = rng.choice(["gaussian", "rdp", None])
+            want, above = _capped_by_rule(entry, ldp)
+            one, many = dict(entry), dict(entry)
+            assert baseline.cap_entry(one, ldp) == above and one == want, (entry, ldp)
+            assert cap(many) == above and many == want, (entry, ldp)
+            checked += 1
+            capped += len(want) > len(entry)
+    assert checked == 2000 and capped > 500
 
 
 def test_explain_sentences():
