@@ -187,12 +187,13 @@ def annotate_plan(rep: dict, *, neighbours_see_values: bool = True) -> dict:
         entries = [x for x in rep["losses"] if isinstance(x, dict)]
     rows = [r for r in rep.get("by_distance") or [] if isinstance(r, dict)]
     if method == "paper":
-        n_above = sum(cap_entry(x, ldp) for x in entries)
+        cap = capper(ldp)
+        n_above = sum(cap(x) for x in entries)
         for r in rows:
-            cap_entry(r, ldp)
+            cap(r)
         for key in ("worst_pair", "mean_over_pairs", "max_observer_mean"):
             if isinstance(rep.get(key), dict):
-                cap_entry(rep[key], ldp)
+                cap(rep[key])
         if not entries and rows and all("above_ldp" in r for r in rows):
             n_above = sum(int(r["above_ldp"]) for r in rows)
         block["paper_above_ldp"] = n_above
