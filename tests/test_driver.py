@@ -311,3 +311,50 @@ async def test_an_earlier_wake_up_set_in_a_callback_reaches_the_task_s_timer():
     finish = await _drive(engine, net, vlog, [_value(1, 0)])
     assert finish.result == {"node": 0} and engine.timed_out
     assert vlog.records == [("recv", {"step": 0})]
+
+
+async def test_events_that_leave_the_wake_up_time_as_it_was_stay_in_the_callbacks():
+    """The common step: a value arrives, the exchange's deadline stays where it was. The
+    driver's task sleeps through it; only an earlier wake-up than its timer's needs it."""
+
+    class Engine(_Engine):
+        def __init__(self):
+            super().__init__([])
+            self.until = time.monotonic() + 3600.0  # the deadline, the same for every event
+
+        def handle(self, ev, now):
+            self.handled.append(ev)
+            if len(self.handled) == 5:
+                return [Finish({"node": 0}, None)]
+            return [Log("recv", {"step": len(self.handled)})]
+
+        def next_wakeup(self):
+            return self.until
+
+    class Net(_Net):
+        def __init__(self):
+            super().__init__()
+            self.idles = 0
+
+        async def idle(self, timeout, sink, after=None):
+            self.idles += 1
+            return await super().idle(timeout, sink, after)
+
+    engine, net, vlog = Engine(), Net(), _Vlog()
+
+    async def arrive():  # each value once the one before it is handled and the driver waits
+        for t in range(5):
+            while len(engine.handled) < t or net.q._sink is None:
+                await asyncio.sleep(0)
+            net.q.put(_value(1, t))
+
+    feeder = asyncio.ensure_future(arrive())
+    try:
+        drive = runner.drive(engine, net, vlog, _Progress(), 1.0)
+        finish = await asyncio.wait_for(drive, 10.0)
+    finally:
+        feeder.cancel()
+    assert finish.result == {"node": 0}
+    assert len(engine.handled) == 5
+    assert net.idles == 1  # the task waited once; the five events were taken in callbacks
+    assert [f["step"] for _, f in vlog.records] == [1, 2, 3, 4]

@@ -422,11 +422,19 @@ class _Driver:
                     actions = self._handle(ev)
                     continue
                 wake = engine.next_wakeup()
-                timeout = 3600.0 if wake is None else max(0.0, wake - time.monotonic())
-                if timeout <= 0:
+                now = time.monotonic()
+                if wake is None:
+                    timeout = 3600.0
+                    wake = now + timeout
+                elif wake <= now:
                     actions = self._handle(None)
                     continue
-                self.wake_at = time.monotonic() + timeout
+                else:
+                    timeout = wake - now
+                # The engine's own wake-up time, not one read from the clock again: an event
+                # handled in a callback that leaves it unchanged must not count as wanting an
+                # earlier wake-up than the timer's (``_take``), or every step would wake the task.
+                self.wake_at = wake
                 vlog.flush()
                 back = await net.idle(timeout, self._take, vlog.flush)
                 vlog.hold()
