@@ -216,7 +216,7 @@ class _EventQueue(deque):
                 # Handled in a callback of its own, after the transport's callback that
                 # decoded it (never inside it), with whatever else arrives meanwhile.
                 self._sink_scheduled = True
-                asyncio.get_running_loop().call_soon(self._run_sink)
+                w.get_loop().call_soon(self._run_sink)  # (get_running_loop: a system call)
 
     def _run_sink(self) -> None:
         self._sink_scheduled = False
@@ -630,6 +630,11 @@ class PeerNet:
         self._address: tuple[str, int] | None = None
         self._closing = False
         self._close_done: asyncio.Event | None = None
+        # The connections written to in this turn of the event loop, flushed together at its
+        # end by one callback; the loop, once known (asyncio.get_running_loop() makes a
+        # system call in this Python, and a step writes to every neighbour).
+        self._turn: list[_Conn] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ----------------------------------------------------------------- introspection
 
@@ -1549,7 +1554,13 @@ class PeerNet:
             return
         if conn.wbuf is None:
             conn.wbuf = parts
-            asyncio.get_running_loop().call_soon(self._flush_scheduled, conn)
+            turn = self._turn
+            if not turn:
+                loop = self._loop
+                if loop is None:
+                    loop = self._loop = asyncio.get_running_loop()
+                loop.call_soon(self._flush_turn)
+            turn.append(conn)
         else:
             conn.wbuf.extend(parts)
         conn.wbytes += size
@@ -1574,9 +1585,20 @@ class PeerNet:
         else:
             conn.writer.writelines(parts)
 
-    def _flush_scheduled(self, conn: _Conn) -> None:
-        self._flush(conn)
-        conn.wbuf = None
+    def _flush_turn(self) -> None:
+        """The end of a turn: hand every connection's coalesced writes to its socket, in the
+        order the connections were first written to (one callback for all of them)."""
+        conns, self._turn = self._turn, []
+        failure = None
+        for conn in conns:
+            try:
+                self._flush(conn)
+            except Exception as exc:  # the others are still flushed; the first is raised
+                failure = failure if failure is not None else exc
+            finally:
+                conn.wbuf = None
+        if failure is not None:
+            raise failure
 
     def _send_control(self, conn: _Conn, payload: bytes) -> bool:
         """Encrypt and write one control frame (behind any delayed data); False if it could
