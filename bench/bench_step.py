@@ -144,17 +144,82 @@ def step_cpu(dim: int, steps: int, log_values: bool, work: Path) -> float:
     return spent / steps
 
 
+#: Peers of the ring ``--ring`` runs in one process.
+RING_NODES = 4
+
+
+def ring_cpu(dim: int, steps: int, log_values: bool, work: Path) -> float:
+    """Thread CPU seconds of a whole run of a ring of :data:`RING_NODES` real peers in this
+    process (``--ring``): each peer is what ``cfree run`` forks (``runner.run_peer``: its own
+    keys, listening socket, authenticated channels over loopback TCP, step engine and view
+    log), all of them on one event loop (uvloop, as a peer's), so that every part of a step,
+    the transport's included, runs on this thread. Start-up and connection are in it: the
+    difference of two runs of different lengths is what the steps between them cost."""
+    import scipy.linalg  # noqa: F401  (its OpenBLAS, held to one thread below)
+
+    from coordinator_free import roster as roster_mod
+    from coordinator_free.cluster import local
+
+    one_thread_for_process()
+    cfg = config_mod.load(
+        None,
+        [
+            "graph.kind=ring",
+            f"graph.nodes={RING_NODES}",
+            f"protocol.steps={steps}",
+            "protocol.accelerated=false",
+            f"data.dim={dim}",
+            f"log.values={'true' if log_values else 'false'}",
+        ],
+    )
+    out = work / f"ring-{dim}-{log_values}-{steps}-{time.monotonic_ns()}"
+    local.prepare_run_dir(cfg, out)
+    socks = local.bind_sockets(cfg.network.host, RING_NODES, 0)
+    try:
+        hosts = [(cfg.network.host, s.getsockname()[1]) for s in socks]
+        ros = roster_mod.generate_keys(RING_NODES, out / "keys", hosts=hosts, name="bench-ring")
+        keys = [roster_mod.load_private_key(out / "keys" / f"node-{i}.key") for i in ros.ids]
+
+        async def run() -> float:
+            t0 = time.thread_time()
+            results = await asyncio.gather(
+                *(runner.run_peer(cfg, ros, i, keys[i], out, listen_sock=socks[i]) for i in ros.ids)
+            )
+            spent = time.thread_time() - t0
+            missed = [m for r in results for m in r.missed]
+            if missed:
+                raise SystemExit(f"the ring missed values: {missed[:3]}")
+            return spent
+
+        return runner._run_loop(run())
+    finally:
+        for s in socks:
+            s.close()
+        import shutil
+
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def ring_step_cpu(dim: int, steps: int, log_values: bool, work: Path) -> float:
+    """CPU seconds per node and step of the in-process ring (``--ring``): a run of ``steps``
+    less one of a quarter as many, over the steps between, over the nodes."""
+    lo = max(2, steps // 4)
+    short = ring_cpu(dim, lo, log_values, work)
+    long = ring_cpu(dim, steps, log_values, work)
+    return (long - short) / (steps - lo) / RING_NODES
+
+
 #: Steps of the two runs of a case under callgrind (``--instructions``), by vector length.
 INSTRUCTION_STEPS = {8: (400, 1400), 131072: (10, 35)}
 
 
-def _one_run(dim: int, steps: int, log_values: bool) -> None:
+def _one_run(dim: int, steps: int, log_values: bool, ring: bool = False) -> None:
     """One run of a case, no output: what ``--instructions`` counts under callgrind."""
     with tempfile.TemporaryDirectory(prefix="cfree-bench-step-") as tmp:
-        step_cpu(dim, steps, log_values, Path(tmp))
+        (ring_cpu if ring else step_cpu)(dim, steps, log_values, Path(tmp))
 
 
-def instructions_per_step(dim: int, log_values: bool, scale: float) -> dict:
+def instructions_per_step(dim: int, log_values: bool, scale: float, ring: bool = False) -> dict:
     """Machine instructions per step of a case: two runs under callgrind, their difference."""
     import shutil
     import subprocess
@@ -170,7 +235,8 @@ def instructions_per_step(dim: int, log_values: bool, scale: float) -> dict:
     # then hold the compilation (a difference of 41 thousand instructions a step instead of
     # 360 thousand, after an edit of the view log).
     env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
-    warm = [sys.executable, __file__, "--one-run", f"{dim}:2:{int(log_values)}"]
+    case = f"{int(log_values)}:{int(ring)}"
+    warm = [sys.executable, __file__, "--one-run", f"{dim}:2:{case}"]
     run = subprocess.run(warm, capture_output=True, text=True, env=env)
     if run.returncode != 0:
         raise SystemExit(f"warm-up run failed ({run.returncode}): {run.stderr[-2000:]}")
@@ -179,7 +245,7 @@ def instructions_per_step(dim: int, log_values: bool, scale: float) -> dict:
             out = Path(tmp) / f"callgrind-{steps}.out"
             cmd = [
                 "valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-                sys.executable, __file__, "--one-run", f"{dim}:{steps}:{int(log_values)}",
+                sys.executable, __file__, "--one-run", f"{dim}:{steps}:{case}",
             ]  # fmt: skip
             # A fixed hash seed: string hashes, and so the dicts' and sets' probing, are the
             # same in every run. No OpenBLAS threads at all (a peer, forked from a process that
@@ -195,14 +261,15 @@ def instructions_per_step(dim: int, log_values: bool, scale: float) -> dict:
     return {
         "steps": [lo, hi],
         "instructions": counts,
-        "per_step": (counts[1] - counts[0]) / (hi - lo),
+        # A ring's steps are every node's: per node and step, as a peer's.
+        "per_step": (counts[1] - counts[0]) / (hi - lo) / (RING_NODES if ring else 1),
     }
 
 
 def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "--one-run":  # a run under callgrind
-        dim, steps, log_values = (int(x) for x in sys.argv[2].split(":"))
-        _one_run(dim, steps, bool(log_values))
+        dim, steps, log_values, ring = (int(x) for x in sys.argv[2].split(":"))
+        _one_run(dim, steps, bool(log_values), bool(ring))
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeat", type=int, default=5, help="runs of each case; the best counts")
@@ -220,6 +287,13 @@ def main() -> int:
         help="count machine instructions per step under valgrind's callgrind instead of CPU "
         "time (the same count whatever the load; about 2 minutes a case)",
     )
+    p.add_argument(
+        "--ring",
+        action="store_true",
+        help=f"run a ring of {RING_NODES} real peers in this process instead (their transport, "
+        "loopback TCP and AEAD included; per node and step, from two runs of different "
+        "lengths)",
+    )
     args = p.parse_args()
     if args.repeat < 1 or args.steps_scale <= 0:
         p.error("--repeat must be at least 1 and --steps-scale positive")
@@ -233,7 +307,7 @@ def main() -> int:
             for log_values in (False,) if args.digests_only else (True, False):
                 what = "values logged" if log_values else "digests only"
                 if args.instructions:
-                    got = instructions_per_step(dim, log_values, args.steps_scale)
+                    got = instructions_per_step(dim, log_values, args.steps_scale, args.ring)
                     rows.append({"case": label, "dim": dim, "log_values": log_values, **got})
                     if not args.json:
                         print(
@@ -242,7 +316,8 @@ def main() -> int:
                             flush=True,
                         )
                     continue
-                runs = [step_cpu(dim, steps, log_values, Path(tmp)) for _ in range(args.repeat)]
+                measure = ring_step_cpu if args.ring else step_cpu
+                runs = [measure(dim, steps, log_values, Path(tmp)) for _ in range(args.repeat)]
                 rows.append(
                     {
                         "case": label,
