@@ -751,3 +751,51 @@ async def test_writes_at_once_says_whether_a_send_reaches_its_socket_before_retu
         await cluster.start(net)
     await asyncio.gather(*(net.connect(5.0) for net in cluster.nets[-2:]))
     assert faulty.writes_at_once(4, encode_parts(Message("value", 0, 0, payload=np.ones(8))))
+
+
+async def test_what_events_taken_in_a_callback_send_leaves_as_that_callback_ends(cluster):
+    """A node idle in ``idle(sink, after)`` (a peer's driver) sends from the sink: the frames
+    reach their sockets as the callback ends, after ``after()`` (the view log's records
+    first), before anything the loop runs next; when the sink fails, at the end of the turn,
+    and the failure reaches the caller."""
+    nets = await build(cluster, [(0, 1), (0, 2)])
+    await wait_until(lambda: all(nets[0].connection_count(p) == 1 for p in (1, 2)))
+    order: list = []
+    for p in (1, 2):
+        writer = nets[0]._selected[p].writer
+        real = writer.writelines
+
+        def writelines(parts, p=p, real=real):
+            order.append(("write", p))
+            real(parts)
+
+        writer.writelines = writelines
+    loop = asyncio.get_running_loop()
+
+    def sink(ev):
+        loop.call_soon(order.append, "next callback")  # runs after the sink's callback
+        for p in (1, 2):
+            nets[0].send_now(p, Message("value", 0, ev.message.step, payload=np.ones(8)))
+        return "done"
+
+    idle = asyncio.ensure_future(nets[0].idle(10.0, sink, lambda: order.append("after")))
+    await asyncio.sleep(0)
+    await nets[1].send(0, Message("value", 0, 7, payload=np.ones(8)))
+    assert await idle == "done"
+    await wait_until(lambda: "next callback" in order)
+    assert order == ["after", ("write", 1), ("write", 2), "next callback"]
+    for p in (1, 2):
+        assert (await next_of(nets[p], Inbound)).message.step == 7
+
+    def failing(ev):
+        nets[0].send_now(1, Message("value", 0, 8, payload=np.ones(8)))
+        raise RuntimeError("engine failed")
+
+    order.clear()
+    idle = asyncio.ensure_future(nets[0].idle(10.0, failing))
+    await asyncio.sleep(0)
+    await nets[2].send(0, Message("value", 0, 8, payload=np.ones(8)))
+    with pytest.raises(RuntimeError, match="engine failed"):
+        await idle
+    assert (await next_of(nets[1], Inbound)).message.step == 8  # sent all the same
+    assert order == [("write", 1)]

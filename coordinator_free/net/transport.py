@@ -194,6 +194,10 @@ Sink = Callable[[NetEvent], Any]
 After = Callable[[], Any]
 
 
+#: The events of a frame received (blocked with the link when fault injection pulls it).
+_FRAMES = (MessageReceived, ControlReceived)
+
+
 class _EventQueue(deque):
     """The node's events in arrival order: a deque, plus a wait for the next one when empty
     (one reader: :meth:`PeerNet.next_event`), or a handler that takes them as they come while
@@ -205,6 +209,12 @@ class _EventQueue(deque):
         self._sink: Sink | None = None
         self._after: After | None = None
         self._sink_scheduled = False
+        # ``end(ok)`` once the events of a callback are taken and ``after()`` has run (True
+        # when nothing failed): the transport hands the writes they made to their sockets
+        # there, not in a callback of their own a turn of the loop later. ``in_sink``: while
+        # the events are being taken (their writes wait for ``end``).
+        self.end: Callable[[bool], Any] | None = None
+        self.in_sink = False
 
     def put(self, ev: NetEvent) -> None:
         self.append(ev)
@@ -223,21 +233,28 @@ class _EventQueue(deque):
         w, sink, after = self._waiter, self._sink, self._after
         if w is None or sink is None or w.done() or not self:
             return  # the reader takes the events itself
-        back, failure = None, None
+        back, failure, ok = None, None, False
+        self.in_sink = True
         try:
-            while self:
-                back = sink(self.popleft())
-                if back is not None:
-                    break
-        except Exception as exc:
-            failure = exc
-        if after is not None:
-            # Also after a failure: what the callbacks hold (a peer's records) is handed on
-            # before the loop runs anything else (the turn's socket writes).
             try:
-                after()
+                while self:
+                    back = sink(self.popleft())
+                    if back is not None:
+                        break
             except Exception as exc:
-                failure = failure if failure is not None else exc
+                failure = exc
+            if after is not None:
+                # Also after a failure: what the callbacks hold (a peer's records) is handed
+                # on before the loop runs anything else (the turn's socket writes).
+                try:
+                    after()
+                except Exception as exc:
+                    failure = failure if failure is not None else exc
+            ok = failure is None
+        finally:
+            self.in_sink = False
+            if self.end is not None:
+                self.end(ok)  # never raises: a failed write is the loop's to report
         if failure is not None:  # the reader raises it (the sink's, when both failed)
             w.set_exception(failure)
             return
@@ -635,6 +652,7 @@ class PeerNet:
         # system call in this Python, and a step writes to every neighbour).
         self._turn: list[_Conn] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._events.end = self._end_of_events
 
     # ----------------------------------------------------------------- introspection
 
@@ -1427,8 +1445,14 @@ class PeerNet:
 
     def _dispatch(self, conn: _Conn, ev: Event) -> None:
         peer = conn.peer
-        if isinstance(ev, MessageReceived | ControlReceived) and self._blocked(conn):
-            self._faults.count_blocked()  # type: ignore[union-attr]  # the cable is pulled
+        faults = self._faults
+        if (
+            faults is not None
+            and faults.blocked
+            and isinstance(ev, _FRAMES)
+            and self._blocked(conn)
+        ):
+            faults.count_blocked()  # the cable is pulled
             return
         if isinstance(ev, MessageReceived):
             if not conn.selected:
@@ -1555,11 +1579,8 @@ class PeerNet:
         if conn.wbuf is None:
             conn.wbuf = parts
             turn = self._turn
-            if not turn:
-                loop = self._loop
-                if loop is None:
-                    loop = self._loop = asyncio.get_running_loop()
-                loop.call_soon(self._flush_turn)
+            if not turn and not self._events.in_sink:  # (else flushed as the events end)
+                self._schedule_turn()
             turn.append(conn)
         else:
             conn.wbuf.extend(parts)
@@ -1584,6 +1605,28 @@ class PeerNet:
             conn.writer.write(parts[0])
         else:
             conn.writer.writelines(parts)
+
+    def _schedule_turn(self) -> None:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        loop.call_soon(self._flush_turn)
+
+    def _end_of_events(self, ok: bool) -> None:
+        """The events of a callback are taken (:meth:`_EventQueue.end`): the writes they made
+        go to their sockets now, after what the taker holds (its view log's records) was
+        handed on; after a failure, at the end of the turn, as any other write."""
+        if not self._turn:
+            return
+        if not ok:
+            self._schedule_turn()
+            return
+        try:
+            self._flush_turn()
+        except Exception as exc:  # as it would be from a callback of its own
+            asyncio.get_running_loop().call_exception_handler(
+                {"message": "failed to hand a turn's writes to their sockets", "exception": exc}
+            )
 
     def _flush_turn(self) -> None:
         """The end of a turn: hand every connection's coalesced writes to its socket, in the
