@@ -620,8 +620,11 @@ class SecureChannel:
     def _process(self) -> list[Event]:
         events: list[Event] = []
         try:
-            while self._step(events):
-                pass
+            if self._state is _State.ESTABLISHED:  # every complete frame, in one call
+                self._step_frame(events)
+            else:
+                while self._step(events):
+                    pass
             if self._own:
                 if self._off == self._end:  # all consumed: the next read starts at the front
                     self._off = self._end = 0
@@ -969,60 +972,63 @@ class SecureChannel:
         return k4
 
     def _step_frame(self, events: list[Event]) -> bool:
+        """Decrypt every complete frame held, in order (their events appended); True if there
+        was at least one. A frame whose header has come but not its body waits as pending."""
         buf = self._buf
-        off = self._off
         size = self._end if self._own else len(buf)
-        if self._pending_len is None:
-            if size - off < HEADER_SIZE:
-                return False
-            length, ftype, seq = _HEADER.unpack_from(buf, off)
-            if length > self._max_frame:
-                raise FrameTooLarge(
-                    f"frame {self._recv_seq} announces {length} bytes, over max_frame "
-                    f"{self._max_frame}; refused before reading it"
-                )
-            if length < TAG_SIZE:
-                raise FrameError(
-                    f"frame {self._recv_seq} announces {length} bytes, shorter than the "
-                    f"{TAG_SIZE}-byte authentication tag"
-                )
-            expected = self._recv_seq
-            if seq != expected:
-                if expected > MAX_SEQ:
-                    raise FrameError("peer sent a frame past the 64-bit counter limit")
-                what = (
-                    "replayed frame or tampered header"
-                    if seq < expected
-                    else "frames missing or reordered, or tampered header"
-                )
-                raise FrameError(f"frame sequence number {seq}, expected {expected}: {what}")
-            self._pending_len = length
-            self._pending_type = ftype
-        length = self._pending_len
-        end = off + HEADER_SIZE + length
-        if size < end:
-            return False
-        assert self._recv_aead is not None
-        seq = self._recv_seq
-        with memoryview(buf) as view:
-            header = bytes(view[off : off + HEADER_SIZE])
-            try:
-                plaintext = self._recv_aead.decrypt(
-                    _nonce(seq), view[off + HEADER_SIZE : end], header
-                )
-            except InvalidTag:
-                raise FrameError(
-                    f"frame {seq} ({length} bytes) failed authentication: ciphertext or header "
-                    "tampered, truncated, or encrypted under another key"
-                ) from None
-        self._off = end
-        self._recv_seq = seq + 1
-        self._pending_len = None
-        ftype = self._pending_type
-        if ftype == FRAME_DATA:
-            events.append(MessageReceived(plaintext))
-        elif ftype == FRAME_CONTROL:
-            events.append(ControlReceived(plaintext))
-        else:
-            raise FrameError(f"frame {seq} has unknown type {ftype}")
-        return True
+        aead = self._recv_aead
+        assert aead is not None
+        progress = False
+        while True:
+            off = self._off
+            if self._pending_len is None:
+                if size - off < HEADER_SIZE:
+                    return progress
+                length, ftype, seq = _HEADER.unpack_from(buf, off)
+                if length > self._max_frame:
+                    raise FrameTooLarge(
+                        f"frame {self._recv_seq} announces {length} bytes, over max_frame "
+                        f"{self._max_frame}; refused before reading it"
+                    )
+                if length < TAG_SIZE:
+                    raise FrameError(
+                        f"frame {self._recv_seq} announces {length} bytes, shorter than the "
+                        f"{TAG_SIZE}-byte authentication tag"
+                    )
+                expected = self._recv_seq
+                if seq != expected:
+                    if expected > MAX_SEQ:
+                        raise FrameError("peer sent a frame past the 64-bit counter limit")
+                    what = (
+                        "replayed frame or tampered header"
+                        if seq < expected
+                        else "frames missing or reordered, or tampered header"
+                    )
+                    raise FrameError(f"frame sequence number {seq}, expected {expected}: {what}")
+                self._pending_len = length
+                self._pending_type = ftype
+            length = self._pending_len
+            end = off + HEADER_SIZE + length
+            if size < end:
+                return progress
+            seq = self._recv_seq
+            with memoryview(buf) as view:
+                header = bytes(view[off : off + HEADER_SIZE])
+                try:
+                    plaintext = aead.decrypt(_nonce(seq), view[off + HEADER_SIZE : end], header)
+                except InvalidTag:
+                    raise FrameError(
+                        f"frame {seq} ({length} bytes) failed authentication: ciphertext or "
+                        "header tampered, truncated, or encrypted under another key"
+                    ) from None
+            self._off = end
+            self._recv_seq = seq + 1
+            self._pending_len = None
+            ftype = self._pending_type
+            if ftype == FRAME_DATA:
+                events.append(MessageReceived(plaintext))
+            elif ftype == FRAME_CONTROL:
+                events.append(ControlReceived(plaintext))
+            else:
+                raise FrameError(f"frame {seq} has unknown type {ftype}")
+            progress = True
