@@ -664,7 +664,7 @@ def _value_record_parts(
     if length > MAX_RECORD_BYTES:
         return None
     if size < _BY_VIEW // 8:
-        payload = head + value.data.cast("B")
+        payload = head + value.tobytes()  # (a contiguous vector's bytes: its memory as it lies)
         return [FRAME.pack(length, crc32(payload)) + payload]
     data = raw_bytes(value)
     return [FRAME.pack(length, crc32(data, crc32(head))), head, data]
@@ -855,27 +855,41 @@ class ViewLogWriter:
         ``recv`` at every step) becomes, without a dict. Return its seq."""
         if kind not in VALUE_KINDS:  # any other kind is checked the general way
             return self.write_record(kind, value_fields(step, peer, digest, nbytes, value))
-        return self._write_record(kind, None, True, (step, peer, digest, nbytes, value))
+        # The record of every step's send and recv, encoded directly: its fields are plain
+        # numbers, a hex digest and a float64 vector, which need no name checks.
+        times = None
+        with self._lock:
+            if self._fd is not None and not self._broken:
+                seq = self._seq
+                times = time.monotonic(), time.time()
+                parts = _value_record_parts(kind, seq, *times, step, peer, digest, nbytes, value)
+                if parts is not None:
+                    held = self._held
+                    if held is not None:
+                        held.extend(parts)
+                    else:
+                        self._append_bytes(parts)
+                    self._seq = seq + 1
+                    return seq
+        # A closed or broken log (the general way says so), or fields of another form (at
+        # the times read for it).
+        return self._write_record(
+            kind, value_fields(step, peer, digest, nbytes, value), True, times
+        )
 
     def _write_record(
-        self, kind: str, fields: dict | None, checked: bool = True, value_args=None
+        self, kind: str, fields: dict, checked: bool = True, times: tuple | None = None
     ) -> int:
-        """Append a record of ``kind`` with ``fields``, or (``fields`` None) the value record
-        of the fields ``value_args``: ``(step, peer, digest, nbytes, value)``."""
+        """Append a record of ``kind`` with ``fields`` (at ``times``, ``(t_mono, t_wall)``,
+        else now)."""
         with self._lock:
             if self._fd is None:
                 raise ValueError(f"view log {self.path} is closed")
             if self._broken:
                 raise ViewLogError(f"view log {self.path} is unusable: {self._broken}")
             seq = self._seq
-            t_mono, t_wall = time.monotonic(), time.time()
-            # A value record (every step's send and recv) is encoded directly; its fields are
-            # plain numbers, a hex digest and a float64 vector, which need no name checks.
-            if fields is None:
-                parts = _value_record_parts(kind, seq, t_mono, t_wall, *value_args)
-                if parts is None:
-                    fields = value_fields(*value_args)
-            elif len(fields) < 6:
+            t_mono, t_wall = times if times is not None else (time.monotonic(), time.time())
+            if len(fields) < 6:
                 parts = _value_parts(kind, seq, t_mono, t_wall, fields)
             else:
                 parts = None
