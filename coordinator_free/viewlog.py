@@ -857,12 +857,14 @@ class ViewLogWriter:
             return self.write_record(kind, value_fields(step, peer, digest, nbytes, value))
         # The record of every step's send and recv, encoded directly: its fields are plain
         # numbers, a hex digest and a float64 vector, which need no name checks.
-        times = None
+        t_mono = t_wall = None
         with self._lock:
             if self._fd is not None and not self._broken:
                 seq = self._seq
-                times = time.monotonic(), time.time()
-                parts = _value_record_parts(kind, seq, *times, step, peer, digest, nbytes, value)
+                t_mono, t_wall = time.monotonic(), time.time()
+                parts = _value_record_parts(
+                    kind, seq, t_mono, t_wall, step, peer, digest, nbytes, value
+                )
                 if parts is not None:
                     held = self._held
                     if held is not None:
@@ -873,6 +875,7 @@ class ViewLogWriter:
                     return seq
         # A closed or broken log (the general way says so), or fields of another form (at
         # the times read for it).
+        times = None if t_mono is None else (t_mono, t_wall)
         return self._write_record(
             kind, value_fields(step, peer, digest, nbytes, value), True, times
         )
