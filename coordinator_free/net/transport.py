@@ -1165,7 +1165,7 @@ class PeerNet:
         """Take what arrived in a shared buffer beyond what was seen (:meth:`_take`)."""
         reader = conn.reader
 
-        def receive() -> list[Event]:
+        def receive(_n: int) -> list[Event]:
             events = conn.channel.receive_buffered()
             conn.seen = len(reader._buffer)
             reader._maybe_resume_transport()
@@ -1173,15 +1173,16 @@ class PeerNet:
 
         self._take(conn, len(reader._buffer) - conn.seen, receive)
 
-    def _take(self, conn: _Conn, n: int, receive, *args) -> None:
+    def _take(self, conn: _Conn, n: int, receive: Callable[[int], list[Event]]) -> None:
         """Take ``n`` bytes that arrived: count them (as life, unless the link is cut), decode
-        the frames they complete (``receive(*args)``, the channel's), dispatch their events,
+        the frames they complete (``receive(n)``, the channel's), dispatch their events,
         those of a frame that failed included."""
         self._count_rx(conn, n)
-        if not self._blocked(conn):
+        faults = self._faults
+        if faults is None or not faults.blocked or not self._blocked(conn):
             conn.last_rx = time.monotonic()
         try:
-            events = receive(*args)
+            events = receive(n)
         except ChannelError as exc:
             for ev in exc.events:
                 self._dispatch(conn, ev)
@@ -1220,7 +1221,7 @@ class PeerNet:
             if conn.closed or conn.failure is not None or ch.closed:
                 return
             try:
-                self._take(conn, n, ch.receive_into, n)
+                self._take(conn, n, ch.receive_into)
             except BaseException as exc:  # raised by the task, as a read's failure
                 conn.failure = exc
                 wake()
