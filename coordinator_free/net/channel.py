@@ -752,14 +752,16 @@ class SecureChannel:
         except ValueError:
             raise HandshakeError(f"{what} is a low-order point (all-zero shared secret)") from None
 
-    def send_parts(self, parts: list) -> None:
+    def send_parts(self, parts: list, total: int = -1) -> None:
         """Encrypt the byte strings ``parts``, written back to back, as one data frame and queue
-        it: the frame :meth:`send` makes of their join. A large payload under AES-256-GCM is
-        encrypted piece by piece, without joining the pieces first (one copy of it fewer)."""
+        it: the frame :meth:`send` makes of their join (``total``: their bytes, when the caller
+        knows them). A large payload under AES-256-GCM is encrypted piece by piece, without
+        joining the pieces first (one copy of it fewer)."""
         if len(parts) == 1:
             self._send_frame(FRAME_DATA, parts[0])
             return
-        total = sum(map(len, parts))
+        if total < 0:
+            total = sum(map(len, parts))
         if self._send_key is None or total < STREAM_MIN:
             self._send_frame(FRAME_DATA, b"".join(parts))
             return

@@ -801,7 +801,6 @@ class PeerNet:
         self,
         peer: int,
         msg: Message,
-        *,
         timeout: float | None = None,
         parts: list | None = None,
     ) -> Coroutine[Any, Any, None] | None:
@@ -839,12 +838,14 @@ class PeerNet:
             copies, corrupt = plan.copies, plan.corrupt
         for copy in range(copies):
             try:
-                conn.channel.send_parts(parts)
+                conn.channel.send_parts(parts, size)
             except ChannelError as exc:  # counter exhausted: this connection cannot send more
                 self._drop(conn, str(exc), level=logging.WARNING, graceful=False)
                 raise PeerGone(peer, str(exc)) from None
             if faults is None and not conn.delayed:
-                self._write(conn, conn.channel.take_output())  # header and body, not joined
+                out = conn.channel.take_output()  # header and body, not joined
+                # (their sizes known: the frame's header, the payload and its tag)
+                self._write(conn, out, HEADER_SIZE + size + TAG_SIZE if len(out) == 2 else -1)
             else:
                 frame = conn.channel.data_to_send()
                 if corrupt and copy == 0:
@@ -1566,15 +1567,17 @@ class PeerNet:
 
     # ----------------------------------------------------------------- writing
 
-    def _write(self, conn: _Conn, data: bytes | list[bytes]) -> None:
-        """Queue ``data`` (bytes, or a list of byte strings sent back to back) for ``conn``.
+    def _write(self, conn: _Conn, data: bytes | list[bytes], size: int = -1) -> None:
+        """Queue ``data`` (bytes, or a list of byte strings sent back to back; ``size`` their
+        bytes, when the caller knows them) for ``conn``.
 
         Writes made in the same turn of the event loop are coalesced: they reach the socket
         together, in order, when the turn ends (or at once past :data:`COALESCE` bytes)."""
         if conn.closed:
             return
         parts = data if isinstance(data, list) else [data]
-        size = sum(map(len, parts))
+        if size < 0:
+            size = sum(map(len, parts))
         if not size:
             return
         if conn.wbuf is None:

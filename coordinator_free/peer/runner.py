@@ -537,7 +537,7 @@ class _Driver:
                         vlog.hold()
                         held = False
                     try:
-                        wait = net.send_now(s.peer, s.message, timeout=deadline, parts=parts)
+                        wait = net.send_now(s.peer, s.message, deadline, parts)
                     except (ConnectionError, OSError) as exc:  # PeerGone
                         outcomes.append(exc)
                         continue
