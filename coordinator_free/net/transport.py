@@ -331,6 +331,7 @@ class _Conn:
         "corrupted",
         "hs_suppressed",
         "wbuf",
+        "transport",
         "wbytes",
         "shared",
         "seen",
@@ -376,6 +377,7 @@ class _Conn:
         # Bytes written in this turn of the event loop, handed to the socket together at its
         # end (one system call for a step's small frames): None when nothing is waiting.
         self.wbuf: list[bytes] | None = None
+        self.transport = writer.transport  # the writer's, for good (read at every send)
         self.wbytes = 0
         # Established: the channel reads its frames straight from the stream's receive buffer
         # (no copy into a bytes object, none into the channel); ``seen`` of its bytes counted.
@@ -814,7 +816,7 @@ class PeerNet:
         conn = self._selected.get(peer)
         if conn is None or conn.closed:
             raise PeerGone(peer, self._last_reason.get(peer, "not connected"))
-        if conn.writer.transport.is_closing():  # lost, and the reader has not noticed yet
+        if conn.transport.is_closing():  # lost, and the reader has not noticed yet
             self._drop(conn, "connection lost", graceful=False)
             raise PeerGone(peer, "connection lost")
         if parts is None:
@@ -852,7 +854,7 @@ class PeerNet:
                     frame = self._corrupt(conn, peer, frame)
                 self._write_frame(conn, frame, faults.delay_s if faults is not None else 0.0)
             self._stats[peer].frames_sent += 1
-        if copies == 0 or not conn.writer.transport.get_write_buffer_size():
+        if copies == 0 or not conn.transport.get_write_buffer_size():
             return None  # all handed to the kernel: nothing to wait for (the common case)
         return self._drain(conn, peer, self._send_timeout if timeout is None else timeout)
 
@@ -1603,7 +1605,7 @@ class PeerNet:
         if not parts:
             return
         conn.wbuf, conn.wbytes = [], 0  # [] (not None): the scheduled flush is still to come
-        if conn.writer.transport.is_closing():
+        if conn.transport.is_closing():
             return
         if len(parts) == 1:
             conn.writer.write(parts[0])
@@ -1650,7 +1652,7 @@ class PeerNet:
     def _send_control(self, conn: _Conn, payload: bytes) -> bool:
         """Encrypt and write one control frame (behind any delayed data); False if it could
         not go out (blocked link, dead channel)."""
-        if conn.closed or conn.writer.transport.is_closing():
+        if conn.closed or conn.transport.is_closing():
             return False
         if self._blocked(conn):
             self._faults.count_blocked()  # type: ignore[union-attr]
