@@ -183,3 +183,13 @@ def test_step_bench_runs_the_real_engine_view_log_and_driver(step_bench, tmp_pat
     first = net._ready[2][0].message
     assert first.step == 2 and not first.payload.flags.writeable
     assert type(first.payload.base) is bytes  # kept as the transport delivers it, no copy
+
+
+def test_the_ring_in_one_process_runs_real_peers_to_their_end(step_bench, tmp_path):
+    """bench_step.py --ring: four real peers (keys, loopback TCP, engines, view logs) on one
+    event loop take every value of every step (it raises on a miss), leave nothing behind,
+    and spend more CPU on a longer run."""
+    short = step_bench.ring_cpu(8, 2, True, tmp_path)
+    long = step_bench.ring_cpu(8, 400, False, tmp_path)
+    assert 0 < short < long
+    assert list(tmp_path.iterdir()) == []
