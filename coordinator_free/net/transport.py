@@ -1574,7 +1574,9 @@ class PeerNet:
         bytes, when the caller knows them) for ``conn``.
 
         Writes made in the same turn of the event loop are coalesced: they reach the socket
-        together, in order, when the turn ends (or at once past :data:`COALESCE` bytes)."""
+        together, in order, when the turn ends, or as the callback that takes the node's events
+        ends when they were made there (:meth:`_end_of_events`), or at once past
+        :data:`COALESCE` bytes."""
         if conn.closed:
             return
         parts = data if isinstance(data, list) else [data]

@@ -391,9 +391,10 @@ class _Driver:
     The view log's records of the events handled back to back are held and handed to the
     operating system together, in one vectored write, before the driver gives the event loop
     back (the callbacks' end, or the task waiting on anything: the network, a timer, a socket
-    that is not taking a send). The transport hands the frames of a turn to their sockets
-    at the end of that turn, so what the peer saw reaches the operating system before anything
-    it sent after it: a step's records leave in one write. A send that the transport would
+    that is not taking a send). The transport hands the frames made in the callbacks to their
+    sockets as the callbacks end, after that write (other frames at the end of their turn of
+    the loop), so what the peer saw reaches the operating system before anything it sent after
+    it: a step's records leave in one write. A send that the transport would
     write at once (:meth:`PeerNet.writes_at_once`: a large frame, injected faults) has the
     records held so far written first."""
 
