@@ -99,6 +99,20 @@ class _Neighbours:
         return None
 
 
+def ring_config(nodes: int, dim: int, steps: int, log_values: bool):
+    """The configuration both modes run: plain gossip (Muffliato averaging, not accelerated)
+    on a ring of ``nodes``, ``steps`` steps of ``dim`` floats, received values logged or not."""
+    overrides = {
+        "graph.kind": "ring",
+        "graph.nodes": nodes,
+        "protocol.steps": steps,
+        "protocol.accelerated": "false",
+        "data.dim": dim,
+        "log.values": "true" if log_values else "false",
+    }
+    return config_mod.load(None, [f"{key}={value}" for key, value in overrides.items()])
+
+
 def step_cpu(dim: int, steps: int, log_values: bool, work: Path) -> float:
     """Thread CPU seconds per step of node 0's engine, view log and driver (one run)."""
     # BLAS held to one thread, as in a peer, in both OpenBLAS libraries (numpy's, and the one
@@ -108,17 +122,7 @@ def step_cpu(dim: int, steps: int, log_values: bool, work: Path) -> float:
     import scipy.linalg  # noqa: F401
 
     one_thread_for_process()
-    cfg = config_mod.load(
-        None,
-        [
-            "graph.kind=ring",
-            f"graph.nodes={NODES}",
-            f"protocol.steps={steps}",
-            "protocol.accelerated=false",
-            f"data.dim={dim}",
-            f"log.values={'true' if log_values else 'false'}",
-        ],
-    )
+    cfg = ring_config(NODES, dim, steps, log_values)
     fam = family_of(cfg.protocol.name)
     plan = fam.make_plan(cfg)
     net = _Neighbours(dim, steps)
@@ -161,17 +165,7 @@ def ring_cpu(dim: int, steps: int, log_values: bool, work: Path) -> float:
     from coordinator_free.cluster import local
 
     one_thread_for_process()
-    cfg = config_mod.load(
-        None,
-        [
-            "graph.kind=ring",
-            f"graph.nodes={RING_NODES}",
-            f"protocol.steps={steps}",
-            "protocol.accelerated=false",
-            f"data.dim={dim}",
-            f"log.values={'true' if log_values else 'false'}",
-        ],
-    )
+    cfg = ring_config(RING_NODES, dim, steps, log_values)
     out = work / f"ring-{dim}-{log_values}-{steps}-{time.monotonic_ns()}"
     local.prepare_run_dir(cfg, out)
     socks = local.bind_sockets(cfg.network.host, RING_NODES, 0)
