@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -189,8 +190,6 @@ def ring_cpu(dim: int, steps: int, log_values: bool, work: Path) -> float:
     finally:
         for s in socks:
             s.close()
-        import shutil
-
         shutil.rmtree(out, ignore_errors=True)
 
 
@@ -215,7 +214,6 @@ def _one_run(dim: int, steps: int, log_values: bool, ring: bool = False) -> None
 
 def instructions_per_step(dim: int, log_values: bool, scale: float, ring: bool = False) -> dict:
     """Machine instructions per step of a case: two runs under callgrind, their difference."""
-    import shutil
     import subprocess
 
     if shutil.which("valgrind") is None:

@@ -1181,8 +1181,7 @@ class PeerNet:
         the frames they complete (``receive(n)``, the channel's), dispatch their events,
         those of a frame that failed included."""
         self._count_rx(conn, n)
-        faults = self._faults
-        if faults is None or not faults.blocked or not self._blocked(conn):
+        if not self._blocked(conn):
             conn.last_rx = time.monotonic()
         try:
             events = receive(n)
@@ -1449,14 +1448,8 @@ class PeerNet:
 
     def _dispatch(self, conn: _Conn, ev: Event) -> None:
         peer = conn.peer
-        faults = self._faults
-        if (
-            faults is not None
-            and faults.blocked
-            and isinstance(ev, _FRAMES)
-            and self._blocked(conn)
-        ):
-            faults.count_blocked()  # the cable is pulled
+        if isinstance(ev, _FRAMES) and self._blocked(conn):
+            self._faults.count_blocked()  # type: ignore[union-attr]  # the cable is pulled
             return
         if isinstance(ev, MessageReceived):
             if not conn.selected:
